@@ -1,0 +1,405 @@
+package etcdwatch
+
+import (
+	"fmt"
+	"log/slog"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	"github.com/etcdwatch/etcdwatch/internal/ring"
+)
+
+// Commands other goroutines send to the dispatcher through Stream.cmds.
+type (
+	createCmd   struct{ w *Watch }          // open w
+	cancelCmd   struct{ w *Watch }          // w was ended by its consumer: release it
+	resumeCmd   struct{ w *Watch }          // the consumer of paused w has caught up
+	progressCmd struct{ p *progressWaiter } // a RequestProgress call waits
+)
+
+// dispatcher owns all of a Stream's watch state. Only its run goroutine
+// touches its fields, so none of them is locked.
+type dispatcher struct {
+	s     *Stream
+	open  opener
+	log   *slog.Logger
+	limit int // options.bufferLimit
+
+	sess     *session
+	sessDead <-chan struct{} // sess.dead while the session is watched, else nil
+	failed   error           // why the stream broke; nil while it is healthy
+
+	watches    map[int64]*Watch    // active watches by server id
+	paused     map[*Watch]struct{} // paused watches, waiting for their consumers
+	cancelling map[int64]struct{}  // ids whose cancel was sent and not yet answered
+	toCreate   ring.Ring[*Watch]   // creates not yet sent
+	pending    ring.Ring[*Watch]   // creates sent, in request order
+	nextID     int64               // last client-chosen id; ids are never reused on a stream
+	serial     bool                // the server picks its own ids: one create in flight at a time
+	outbox     []*pb.WatchRequest  // requests waiting for the session's sendLoop
+
+	progress progressState
+}
+
+func newDispatcher(s *Stream, open opener) *dispatcher {
+	return &dispatcher{
+		s:          s,
+		open:       open,
+		log:        s.opts.logger,
+		limit:      s.opts.bufferLimit,
+		watches:    make(map[int64]*Watch),
+		paused:     make(map[*Watch]struct{}),
+		cancelling: make(map[int64]struct{}),
+		progress:   progressState{retry: s.opts.progressRetry},
+	}
+}
+
+// run is the dispatcher's loop. It never blocks on anything but its select,
+// and returns when the Stream is closed.
+func (d *dispatcher) run() {
+	d.sess = startSession(d.open)
+	d.sessDead = d.sess.dead
+	defer d.shutdown()
+	for {
+		var sendCh chan<- []*pb.WatchRequest
+		if len(d.outbox) > 0 && d.failed == nil {
+			sendCh = d.sess.send
+		}
+		select {
+		case c := <-d.s.cmds:
+			d.handleCommand(c)
+		case resp := <-d.sess.recv:
+			d.handleResponse(resp)
+		case sendCh <- d.outbox:
+			d.outbox = nil
+		case <-d.sessDead:
+			d.handleStreamFailure(d.sess.err)
+		case <-d.progress.timerC:
+			d.handleProgressTimeout()
+		case <-d.s.closing:
+			return
+		}
+	}
+}
+
+// shutdown ends everything the dispatcher owns, for Close.
+func (d *dispatcher) shutdown() {
+	d.endAll(ErrClosed, true)
+	d.sess.close()
+	d.progress.stopTimer()
+	for { // commands that arrived too late
+		select {
+		case c := <-d.s.cmds:
+			switch c := c.(type) {
+			case createCmd:
+				c.w.created <- ErrClosed
+				c.w.end(ErrClosed, true)
+			case progressCmd:
+				c.p.reply <- progressResult{err: ErrClosed}
+			}
+		default:
+			return
+		}
+	}
+}
+
+func (d *dispatcher) handleCommand(c any) {
+	switch c := c.(type) {
+	case createCmd:
+		d.handleCreate(c.w)
+	case cancelCmd:
+		d.handleCancel(c.w)
+	case resumeCmd:
+		d.handleResume(c.w)
+	case progressCmd:
+		d.handleProgressRequest(c.p)
+	}
+}
+
+func (d *dispatcher) handleCreate(w *Watch) {
+	if d.failed != nil {
+		w.created <- d.failed
+		w.end(d.failed, true)
+		return
+	}
+	d.s.stats.watches.Add(1)
+	d.toCreate.Push(w)
+	d.flushCreates()
+}
+
+// handleCancel releases a watch its consumer has ended.
+func (d *dispatcher) handleCancel(w *Watch) {
+	switch w.state {
+	case stateCreating: // in toCreate or pending; dropped when its turn comes
+		w.abandoned = true
+	case stateActive:
+		delete(d.watches, w.ID())
+		d.sendCancel(w.ID())
+		d.forget(w)
+	case statePaused: // its server-side watch is already canceled
+		d.forget(w)
+	}
+}
+
+// handleResume re-creates a paused watch from its next revision.
+func (d *dispatcher) handleResume(w *Watch) {
+	if w.state != statePaused {
+		return
+	}
+	delete(d.paused, w)
+	d.s.stats.paused.Add(-1)
+	d.s.stats.resumes.Add(1)
+	w.state = stateCreating
+	d.toCreate.Push(w)
+	d.flushCreates()
+}
+
+// flushCreates sends queued creates: all of them, pipelined, or one at a
+// time once the server has shown it picks its own ids.
+func (d *dispatcher) flushCreates() {
+	for d.toCreate.Len() > 0 && !(d.serial && d.pending.Len() > 0) {
+		w, _ := d.toCreate.Pop()
+		if w.abandoned {
+			d.forget(w)
+			continue
+		}
+		w.reqID = d.newID()
+		start := w.rev + 1
+		if w.fromNow {
+			start = 0
+		}
+		d.outbox = append(d.outbox, w.req.createRequest(w.reqID, start))
+		d.pending.Push(w)
+	}
+}
+
+// newID returns an id never used on this stream and not awaiting a cancel.
+func (d *dispatcher) newID() int64 {
+	for {
+		d.nextID++
+		if _, busy := d.cancelling[d.nextID]; !busy {
+			return d.nextID
+		}
+	}
+}
+
+func (d *dispatcher) sendCancel(id int64) {
+	d.cancelling[id] = struct{}{}
+	d.outbox = append(d.outbox, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
+		CancelRequest: &pb.WatchCancelRequest{WatchId: id}}})
+}
+
+// forget drops a watch that has ended or was abandoned.
+func (d *dispatcher) forget(w *Watch) {
+	if w.state == statePaused {
+		delete(d.paused, w)
+		d.s.stats.paused.Add(-1)
+	}
+	w.state = stateDone
+	w.frag = nil
+	d.s.stats.watches.Add(-1)
+}
+
+// end ends a watch the dispatcher still tracks and forgets it.
+func (d *dispatcher) end(w *Watch, err error, drop bool) {
+	if !w.confirmed {
+		select {
+		case w.created <- err:
+		default:
+		}
+	}
+	w.end(err, drop)
+	d.forget(w)
+}
+
+// endAll ends every watch and progress waiter with err.
+func (d *dispatcher) endAll(err error, drop bool) {
+	for _, w := range d.watches {
+		d.end(w, err, drop)
+	}
+	for w := range d.paused {
+		d.end(w, err, drop)
+	}
+	for _, q := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
+		for w, ok := q.Pop(); ok; w, ok = q.Pop() {
+			d.end(w, err, drop)
+		}
+	}
+	clear(d.watches)
+	clear(d.cancelling)
+	d.progress.fail(err)
+}
+
+// handleStreamFailure ends every watch when the gRPC stream breaks.
+// Reconnection is not implemented yet: the Stream then only refuses work.
+func (d *dispatcher) handleStreamFailure(err error) {
+	d.sessDead = nil
+	d.failed = streamError(err)
+	d.outbox = nil
+	d.log.Warn("etcdwatch: watch stream failed", "err", err, "watches", len(d.watches))
+	d.endAll(d.failed, false)
+}
+
+func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
+	d.s.stats.responses.Add(1)
+	switch {
+	case resp.Created:
+		d.handleCreated(resp)
+	case resp.Canceled:
+		d.handleCanceled(resp)
+	case resp.WatchId == -1 && len(resp.Events) == 0 && !resp.Fragment:
+		d.handleStreamProgress(resp)
+	default:
+		d.handleEvents(resp)
+	}
+}
+
+// handleCreated matches a created response to the oldest create in flight:
+// the server answers creates in request order, and a refused create carries
+// id -1, so order is the only reliable match.
+func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
+	w, ok := d.pending.Pop()
+	if !ok {
+		d.log.Warn("etcdwatch: created response without a create in flight", "id", resp.WatchId)
+		d.dropUnknown(resp.WatchId, !resp.Canceled)
+		return
+	}
+	defer d.flushCreates()
+	if resp.Canceled {
+		if w.abandoned {
+			d.forget(w)
+			return
+		}
+		d.end(w, classifyReason(resp.CancelReason), false)
+		return
+	}
+	id := resp.WatchId
+	if _, taken := d.watches[id]; taken || id < 0 {
+		d.log.Error("etcdwatch: server confirmed a watch with an unusable id", "id", id)
+		d.end(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id), kind: ErrServerCanceled}, false)
+		return
+	}
+	if id != w.reqID && !d.serial {
+		d.log.Info("etcdwatch: server picks its own watch ids; creating one watch at a time", "asked", w.reqID, "got", id)
+		d.serial = true
+		d.s.stats.idsRewritten.Store(true)
+	}
+	d.s.stats.created.Add(1)
+	if w.abandoned {
+		d.sendCancel(id)
+		d.forget(w)
+		return
+	}
+	d.activate(w, id, resp.Header.GetRevision())
+}
+
+// activate makes w the active watch for id.
+func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
+	w.id.Store(id)
+	w.state = stateActive
+	d.watches[id] = w
+	if w.fromNow {
+		// The server starts a "from now" watch just after the revision it
+		// reads before registering it, and reports the revision it reads
+		// after; a write in between makes them differ by one. Taking one
+		// less than the header can only admit that write, never skip it.
+		w.fromNow = false
+		w.rev = max(headerRev-1, 0)
+		w.delivered.Store(w.rev)
+	}
+	if !w.confirmed {
+		w.confirmed = true
+		w.created <- nil
+	}
+}
+
+// handleCanceled ends the watch the server canceled, or settles a cancel of ours.
+func (d *dispatcher) handleCanceled(resp *pb.WatchResponse) {
+	id := resp.WatchId
+	if _, ok := d.cancelling[id]; ok {
+		delete(d.cancelling, id)
+		return
+	}
+	w, ok := d.watches[id]
+	if !ok {
+		d.s.stats.unknown.Add(1)
+		return
+	}
+	delete(d.watches, id)
+	var err error = classifyReason(resp.CancelReason)
+	if resp.CompactRevision > 0 {
+		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.rev + 1}
+	}
+	d.log.Debug("etcdwatch: server canceled watch", "id", id, "err", err)
+	d.end(w, err, false)
+}
+
+// handleEvents routes events, fragments and per-watch progress by watch id.
+func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
+	w, ok := d.watches[resp.WatchId]
+	if !ok {
+		d.dropUnknown(resp.WatchId, true)
+		return
+	}
+	events, skipped := appendEvents(w.frag, resp.Events, w.rev)
+	d.s.stats.duplicates.Add(uint64(skipped))
+	if resp.Fragment {
+		w.frag = events
+		return
+	}
+	w.frag = nil
+	if len(events) == 0 {
+		if len(resp.Events) == 0 { // a progress notification
+			d.bookmark(w, resp.Header)
+		}
+		return
+	}
+	w.rev = events[len(events)-1].ModRevision
+	d.s.stats.events.Add(uint64(len(events)))
+	d.deliver(w, Response{Header: headerOf(resp.Header), Events: events, Revision: w.rev})
+}
+
+// dropUnknown drops a response for an id the stream does not know, and asks
+// the server once to cancel the id if it looks live.
+func (d *dispatcher) dropUnknown(id int64, live bool) {
+	if _, ok := d.cancelling[id]; ok {
+		return // a late response for a watch we canceled
+	}
+	d.s.stats.unknown.Add(1)
+	if live && id >= 0 {
+		d.log.Debug("etcdwatch: canceling unknown watch id", "id", id)
+		d.sendCancel(id)
+	}
+}
+
+// bookmark delivers a progress notification at the header's revision.
+func (d *dispatcher) bookmark(w *Watch, h *pb.ResponseHeader) {
+	rev := h.GetRevision()
+	if rev < w.rev {
+		return // behind what the watch has delivered, e.g. before a future start revision
+	}
+	w.rev = rev
+	d.deliver(w, Response{Header: headerOf(h), Revision: rev})
+}
+
+// deliver hands r to w and pauses w when its buffer is full.
+func (d *dispatcher) deliver(w *Watch, r Response) {
+	if w.push(r, d.limit) {
+		d.pause(w)
+	}
+}
+
+// pause cancels w's server-side watch until its consumer catches up; the
+// pump sends resumeCmd then. Events already in flight for it are dropped and
+// fetched again from w.rev+1.
+func (d *dispatcher) pause(w *Watch) {
+	id := w.ID()
+	delete(d.watches, id)
+	d.sendCancel(id)
+	w.state = statePaused
+	w.frag = nil
+	d.paused[w] = struct{}{}
+	d.s.stats.paused.Add(1)
+	d.s.stats.pauses.Add(1)
+	d.log.Debug("etcdwatch: consumer fell behind; watch paused", "id", id, "revision", w.rev)
+}

@@ -1,0 +1,110 @@
+package etcdwatch
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors, matched with errors.Is.
+var (
+	// ErrClosed is returned by Stream methods after Close, and ends every
+	// watch that was still running when the Stream was closed.
+	ErrClosed = errors.New("etcdwatch: stream closed")
+
+	// ErrCanceled ends a watch whose Cancel method was called.
+	ErrCanceled = errors.New("etcdwatch: watch canceled")
+
+	// ErrInvalidRequest wraps every error returned by Request.Validate.
+	ErrInvalidRequest = errors.New("etcdwatch: invalid request")
+
+	// ErrInvalidArgument wraps errors for bad arguments to Open and bad options.
+	ErrInvalidArgument = errors.New("etcdwatch: invalid argument")
+
+	// ErrCompacted matches a *CompactedError.
+	ErrCompacted = errors.New("etcdwatch: required revision has been compacted")
+
+	// ErrPermissionDenied: the server refused the watch for lack of permission.
+	ErrPermissionDenied = errors.New("etcdwatch: permission denied")
+
+	// ErrUnauthenticated: the server refused the watch's credentials (invalid
+	// auth token, old auth revision, empty user name).
+	ErrUnauthenticated = errors.New("etcdwatch: unauthenticated")
+
+	// ErrServerCanceled matches a *ServerError whose reason is not one of the
+	// classified ones above.
+	ErrServerCanceled = errors.New("etcdwatch: watch canceled by server")
+
+	// ErrStreamFailed ends the watches of a Stream whose gRPC stream broke;
+	// the error also wraps the gRPC error (use status.FromError on it).
+	ErrStreamFailed = errors.New("etcdwatch: watch stream failed")
+
+	// ErrNoWatches is returned by RequestProgress on a Stream without live
+	// watches: etcd 3.6 and later never answer such a request.
+	ErrNoWatches = errors.New("etcdwatch: no watches on the stream")
+)
+
+// CompactedError ends a watch whose next revision was compacted away; events
+// from Revision up to CompactRevision are lost and must be recovered another
+// way (typically a Range at the current revision). It matches ErrCompacted.
+type CompactedError struct {
+	CompactRevision int64 // the oldest revision the server still has
+	Revision        int64 // the revision the watch needed next
+}
+
+func (e *CompactedError) Error() string {
+	return fmt.Sprintf("etcdwatch: watch needs revision %d, compacted up to %d", e.Revision, e.CompactRevision)
+}
+
+// Is reports whether target is ErrCompacted.
+func (e *CompactedError) Is(target error) bool { return target == ErrCompacted }
+
+// ServerError is a create refused or a watch canceled by the server, with the
+// server's reason. It unwraps to ErrPermissionDenied, ErrUnauthenticated,
+// ErrInvalidRequest or ErrServerCanceled.
+type ServerError struct {
+	Reason string // cancel_reason as the server sent it; may be empty
+	kind   error
+}
+
+func (e *ServerError) Error() string {
+	if e.Reason == "" {
+		return e.kind.Error()
+	}
+	return e.kind.Error() + ": " + e.Reason
+}
+
+func (e *ServerError) Unwrap() error { return e.kind }
+
+// serverReasons maps fragments of etcd's cancel_reason texts to sentinels.
+// Reasons may arrive bare ("etcdserver: permission denied") or as a whole gRPC
+// status text ("rpc error: code = PermissionDenied desc = ..."), so they are
+// matched by substring. This is the one place that reads the server's text.
+var serverReasons = []struct {
+	fragment string
+	kind     error
+}{
+	{"permission denied", ErrPermissionDenied},
+	{"invalid auth token", ErrUnauthenticated},
+	{"auth revision is old", ErrUnauthenticated},
+	{"user name is empty", ErrUnauthenticated},
+	{"range is empty", ErrInvalidRequest},
+	{"duplicate watch id", ErrInvalidRequest},
+	{"compacted", ErrCompacted}, // etcd 3.7 refuses a negative start revision so
+}
+
+// classifyReason turns a server cancel reason into a *ServerError.
+func classifyReason(reason string) *ServerError {
+	lower := strings.ToLower(reason)
+	for _, r := range serverReasons {
+		if strings.Contains(lower, r.fragment) {
+			return &ServerError{Reason: reason, kind: r.kind}
+		}
+	}
+	return &ServerError{Reason: reason, kind: ErrServerCanceled}
+}
+
+// streamError wraps the error that ended a gRPC stream.
+func streamError(err error) error {
+	return fmt.Errorf("%w: %w", ErrStreamFailed, err)
+}

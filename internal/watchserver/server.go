@@ -1,0 +1,234 @@
+// Package watchserver is a scripted etcd Watch service for tests. It serves
+// the real gRPC Watch API over an in-memory connection and hands each stream a
+// client opens to the test, which then reads the client's requests and
+// writes exactly the responses, in exactly the order, that a scenario needs.
+package watchserver
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+)
+
+// Timeout bounds every wait of the server's helpers.
+const Timeout = 10 * time.Second
+
+// Server is a scripted Watch service. Start one per test.
+type Server struct {
+	pb.UnimplementedWatchServer
+	lis     *bufconn.Listener
+	srv     *grpc.Server
+	streams chan *Stream
+}
+
+// Start serves a new Server until the test ends.
+func Start(t testing.TB) *Server {
+	s := &Server{
+		lis:     bufconn.Listen(1 << 20),
+		srv:     grpc.NewServer(),
+		streams: make(chan *Stream, 16),
+	}
+	pb.RegisterWatchServer(s.srv, s)
+	served := make(chan struct{})
+	go func() { // exits when the server stops
+		defer close(served)
+		_ = s.srv.Serve(s.lis)
+	}()
+	t.Cleanup(func() {
+		s.srv.Stop()
+		<-served
+	})
+	return s
+}
+
+// Dial returns a client connection to the server, closed when the test ends.
+func (s *Server) Dial(t testing.TB) *grpc.ClientConn {
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return s.lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("watchserver: dial: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Accept returns the next Watch stream a client opened.
+func (s *Server) Accept(t testing.TB) *Stream {
+	t.Helper()
+	select {
+	case st := <-s.streams:
+		return st
+	case <-time.After(Timeout):
+		t.Fatalf("watchserver: no Watch stream opened within %v", Timeout)
+		return nil
+	}
+}
+
+// Watch implements pb.WatchServer: it hands the stream to Accept and serves
+// it until the test ends it with Close or the client goes away.
+func (s *Server) Watch(srv pb.Watch_WatchServer) error {
+	st := &Stream{srv: srv, end: make(chan error, 1), reqs: make(chan *pb.WatchRequest, 1<<16)}
+	recvDone := make(chan struct{})
+	go func() { // exits when the RPC ends; waited for below
+		defer close(recvDone)
+		defer close(st.reqs)
+		for {
+			req, err := srv.Recv()
+			if err != nil {
+				return
+			}
+			st.reqs <- req
+		}
+	}()
+	s.streams <- st
+	var err error
+	select {
+	case err = <-st.end:
+	case <-srv.Context().Done():
+		<-recvDone
+	}
+	st.mu.Lock()
+	st.closed = true
+	st.mu.Unlock()
+	return err
+}
+
+// Stream is one client's Watch stream, seen from the server.
+type Stream struct {
+	srv    pb.Watch_WatchServer
+	reqs   chan *pb.WatchRequest // closed when the client's side ends
+	end    chan error
+	mu     sync.Mutex // serializes Send
+	closed bool
+}
+
+// Recv returns the client's next request, failing the test after Timeout or
+// when the client ended the stream.
+func (st *Stream) Recv(t testing.TB) *pb.WatchRequest {
+	t.Helper()
+	select {
+	case req, ok := <-st.reqs:
+		if !ok {
+			t.Fatal("watchserver: client ended the stream")
+		}
+		return req
+	case <-time.After(Timeout):
+		t.Fatalf("watchserver: no request within %v", Timeout)
+		return nil
+	}
+}
+
+// RecvCreate returns the next request, which must be a create.
+func (st *Stream) RecvCreate(t testing.TB) *pb.WatchCreateRequest {
+	t.Helper()
+	req := st.Recv(t)
+	c := req.GetCreateRequest()
+	if c == nil {
+		t.Fatalf("watchserver: want a create request, got %v", req)
+	}
+	return c
+}
+
+// RecvCancel returns the id of the next request, which must be a cancel.
+func (st *Stream) RecvCancel(t testing.TB) int64 {
+	t.Helper()
+	req := st.Recv(t)
+	c := req.GetCancelRequest()
+	if c == nil {
+		t.Fatalf("watchserver: want a cancel request, got %v", req)
+	}
+	return c.WatchId
+}
+
+// Ended reports whether the client has ended its side of the stream, waiting
+// up to Timeout for it; requests still unread are discarded.
+func (st *Stream) Ended(t testing.TB) bool {
+	t.Helper()
+	deadline := time.After(Timeout)
+	for {
+		select {
+		case _, ok := <-st.reqs:
+			if !ok {
+				return true
+			}
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// Send writes resp to the client. Sends after the stream ended are ignored.
+func (st *Stream) Send(t testing.TB, resp *pb.WatchResponse) {
+	t.Helper()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return
+	}
+	if err := st.srv.Send(resp); err != nil {
+		t.Logf("watchserver: send: %v", err)
+	}
+}
+
+// Close ends the RPC with err (a status error, or nil for OK).
+func (st *Stream) Close(err error) {
+	select {
+	case st.end <- err:
+	default:
+	}
+}
+
+// Header is a response header at revision rev.
+func Header(rev int64) *pb.ResponseHeader {
+	return &pb.ResponseHeader{ClusterId: 1, MemberId: 2, RaftTerm: 3, Revision: rev}
+}
+
+// Created confirms watch id at header revision rev.
+func Created(id, rev int64) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: Header(rev), WatchId: id, Created: true}
+}
+
+// CreateFailed refuses a create the way etcd 3.5.6+ does: id -1.
+func CreateFailed(reason string) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: Header(1), WatchId: -1, Created: true, Canceled: true, CancelReason: reason}
+}
+
+// Canceled ends watch id, as the answer to a cancel request.
+func Canceled(id int64) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: Header(1), WatchId: id, Canceled: true}
+}
+
+// Compacted ends watch id because compact was compacted away.
+func Compacted(id, compact int64) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: id, Canceled: true, CompactRevision: compact}
+}
+
+// Progress is a progress notification at rev; id -1 is stream-wide.
+func Progress(id, rev int64) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: Header(rev), WatchId: id}
+}
+
+// Events is an event response for watch id with header revision header.
+func Events(id, header int64, events ...*mvccpb.Event) *pb.WatchResponse {
+	return &pb.WatchResponse{Header: Header(header), WatchId: id, Events: events}
+}
+
+// Put is a put of key=value at revision rev.
+func Put(key, value string, rev int64) *mvccpb.Event {
+	return &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{
+		Key: []byte(key), Value: []byte(value), CreateRevision: rev, ModRevision: rev, Version: 1}}
+}
+
+// Del is a delete of key at revision rev.
+func Del(key string, rev int64) *mvccpb.Event {
+	return &mvccpb.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte(key), ModRevision: rev}}
+}

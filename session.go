@@ -1,0 +1,119 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+)
+
+// wireStream is the part of a gRPC Watch stream the dispatcher needs. Tests
+// drive the dispatcher through it with a scripted server.
+type wireStream interface {
+	Send(*pb.WatchRequest) error
+	Recv() (*pb.WatchResponse, error)
+}
+
+// opener opens a wire stream that lives until ctx ends.
+type opener func(ctx context.Context) (wireStream, error)
+
+func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
+	client := pb.NewWatchClient(conn)
+	return func(ctx context.Context) (wireStream, error) { return client.Watch(ctx, callOpts...) }
+}
+
+// session is one wire stream and the two goroutines that move its messages:
+// recvLoop opens the stream and feeds its responses to the dispatcher, and
+// sendLoop writes the request batches the dispatcher hands it. Both end when
+// the session's context ends; the first failure tears the session down
+// through exit, and close waits for both.
+type session struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	recv   chan *pb.WatchResponse  // recvLoop -> dispatcher
+	send   chan []*pb.WatchRequest // dispatcher -> sendLoop
+	dead   chan struct{}           // closed by exit
+	err    error                   // why the session ended; read after dead is closed
+	once   sync.Once
+	wg     sync.WaitGroup // recvLoop and sendLoop
+}
+
+func startSession(open opener) *session {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	s := &session{
+		ctx:    ctx,
+		cancel: cancel,
+		recv:   make(chan *pb.WatchResponse),
+		send:   make(chan []*pb.WatchRequest),
+		dead:   make(chan struct{}),
+	}
+	s.wg.Add(1)
+	go func() { // exits when the stream fails or ctx ends; waited for in close
+		defer s.wg.Done()
+		s.exit(s.recvLoop(open))
+	}()
+	return s
+}
+
+// exit records the first error and ends the session.
+func (s *session) exit(err error) {
+	s.once.Do(func() {
+		s.err = err
+		s.cancel(err)
+		close(s.dead)
+	})
+}
+
+// close ends the session, if it is still running, and waits for its goroutines.
+func (s *session) close() {
+	s.exit(ErrClosed)
+	s.wg.Wait()
+}
+
+func (s *session) recvLoop(open opener) error {
+	ws, err := open(s.ctx)
+	if err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go func() { // exits when a Send fails or ctx ends; waited for in close
+		defer s.wg.Done()
+		if err := s.sendLoop(ws); err != nil {
+			s.exit(err)
+		}
+	}()
+	for {
+		resp, err := ws.Recv()
+		if err != nil {
+			return err
+		}
+		select {
+		case s.recv <- resp:
+		case <-s.ctx.Done():
+			return context.Cause(s.ctx)
+		}
+	}
+}
+
+// sendLoop writes batches until ctx ends. A Send that fails with io.EOF means
+// the stream is gone; Recv then reports why, so sendLoop returns nil for it.
+func (s *session) sendLoop(ws wireStream) error {
+	for {
+		select {
+		case batch := <-s.send:
+			for _, req := range batch {
+				if err := ws.Send(req); err != nil {
+					if errors.Is(err, io.EOF) {
+						return nil
+					}
+					return err
+				}
+			}
+		case <-s.ctx.Done():
+			return nil
+		}
+	}
+}

@@ -1,0 +1,466 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// wait bounds every wait of these tests; nothing is timed.
+const wait = ws.Timeout
+
+// harness is a Stream on a scripted server's first Watch stream.
+type harness struct {
+	t   *testing.T
+	s   *etcdwatch.Stream
+	srv *ws.Stream
+}
+
+func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
+	t.Helper()
+	server := ws.Start(t)
+	s, err := etcdwatch.Open(server.Dial(t), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, s.Close()) })
+	return &harness{t: t, s: s, srv: server.Accept(t)}
+}
+
+type watchResult struct {
+	w   *etcdwatch.Watch
+	err error
+}
+
+// watchAsync calls Watch in a goroutine; the result arrives on the channel.
+func (h *harness) watchAsync(ctx context.Context, r etcdwatch.Request) <-chan watchResult {
+	ch := make(chan watchResult, 1)
+	go func() {
+		w, err := h.s.Watch(ctx, r)
+		ch <- watchResult{w, err}
+	}()
+	return ch
+}
+
+// watch opens a watch, confirming its create at header revision rev.
+func (h *harness) watch(r etcdwatch.Request, rev int64) *etcdwatch.Watch {
+	h.t.Helper()
+	res := h.watchAsync(context.Background(), r)
+	c := h.srv.RecvCreate(h.t)
+	h.srv.Send(h.t, ws.Created(c.WatchId, rev))
+	got := recvResult(h.t, res)
+	require.NoError(h.t, got.err)
+	require.Equal(h.t, c.WatchId, got.w.ID())
+	return got.w
+}
+
+// barrier returns every request the client sent before a RequestProgress
+// issued now, answering it: the dispatcher handles commands in order, so the
+// requests it wrote before the progress request are all it had to write.
+func (h *harness) barrier(rev int64) []*pb.WatchRequest {
+	h.t.Helper()
+	got := make(chan error, 1)
+	go func() {
+		_, err := h.s.RequestProgress(context.Background())
+		got <- err
+	}()
+	var before []*pb.WatchRequest
+	for {
+		req := h.srv.Recv(h.t)
+		if req.GetProgressRequest() != nil {
+			break
+		}
+		before = append(before, req)
+	}
+	h.srv.Send(h.t, ws.Progress(-1, rev))
+	select {
+	case err := <-got:
+		require.NoError(h.t, err)
+	case <-time.After(wait):
+		h.t.Fatal("RequestProgress not answered")
+	}
+	return before
+}
+
+func recvResult(t *testing.T, ch <-chan watchResult) watchResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(wait):
+		t.Fatal("Watch did not return")
+		return watchResult{}
+	}
+}
+
+// next returns the watch's next response.
+func next(t *testing.T, w *etcdwatch.Watch) etcdwatch.Response {
+	t.Helper()
+	select {
+	case r, ok := <-w.Responses():
+		require.True(t, ok, "watch ended: %v", w.Err())
+		return r
+	case <-time.After(wait):
+		t.Fatalf("no response for watch %d", w.ID())
+		return etcdwatch.Response{}
+	}
+}
+
+// ended waits for the watch to end and returns its error.
+func ended(t *testing.T, w *etcdwatch.Watch) error {
+	t.Helper()
+	for {
+		select {
+		case _, ok := <-w.Responses():
+			if !ok {
+				return w.Err()
+			}
+		case <-time.After(wait):
+			t.Fatalf("watch %d did not end", w.ID())
+			return nil
+		}
+	}
+}
+
+// TestEventsOfBusyWatchInterleaveWithCreates is the reported bug: events of a
+// busy watch arrive between creates and their created responses. Every one
+// of 300 new watches must get its own created response and its own events.
+func TestEventsOfBusyWatchInterleaveWithCreates(t *testing.T) {
+	h := newHarness(t)
+	busy := h.watch(etcdwatch.Prefix("busy/"), 1)
+	const n = 300
+	results := make([]<-chan watchResult, n)
+	for i := range results {
+		results[i] = h.watchAsync(context.Background(), etcdwatch.Key(fmt.Sprintf("k%03d", i)))
+	}
+	rev := int64(1)
+	busyEvent := func() {
+		rev++
+		h.srv.Send(t, ws.Events(busy.ID(), rev, ws.Put("busy/x", fmt.Sprint(rev), rev)))
+	}
+	keyOf := map[int64]string{}
+	var creates []*pb.WatchCreateRequest
+	for range n {
+		c := h.srv.RecvCreate(t)
+		creates = append(creates, c)
+		keyOf[c.WatchId] = string(c.Key)
+		busyEvent() // an event of another watch before this create is answered
+	}
+	for _, c := range creates {
+		busyEvent()
+		h.srv.Send(t, ws.Created(c.WatchId, rev))
+		busyEvent()
+		rev++
+		h.srv.Send(t, ws.Events(c.WatchId, rev, ws.Put(string(c.Key), "own", rev)))
+	}
+	for want := int64(2); want <= rev; {
+		r := next(t, busy)
+		for _, e := range r.Events {
+			require.Equal(t, "busy/x", string(e.Key))
+			require.Equal(t, fmt.Sprint(e.ModRevision), string(e.Value))
+			require.GreaterOrEqual(t, e.ModRevision, want, "busy watch got revision twice or out of order")
+			want = e.ModRevision + 1
+		}
+		if len(creates) > 0 && r.Revision >= rev-2 {
+			break // the last busy event precedes the last watch's own event
+		}
+	}
+	for i, res := range results {
+		got := recvResult(t, res)
+		require.NoError(t, got.err)
+		require.Equal(t, fmt.Sprintf("k%03d", i), keyOf[got.w.ID()], "watch got another watch's id")
+		r := next(t, got.w)
+		require.Len(t, r.Events, 1)
+		require.Equal(t, keyOf[got.w.ID()], string(r.Events[0].Key))
+		require.Equal(t, "own", string(r.Events[0].Value))
+	}
+	require.Equal(t, int64(n+1), h.s.Stats().Watches)
+}
+
+// TestFailedCreatesAreMatchedByOrder: refused creates carry id -1 and are
+// told apart only by their place among the answers.
+func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
+	h := newHarness(t)
+	keys := []string{"ok1", "deny", "ok2", "dup", "ok3", "token"}
+	results := map[string]<-chan watchResult{}
+	for _, k := range keys {
+		results[k] = h.watchAsync(context.Background(), etcdwatch.Key(k))
+	}
+	reasons := map[string]string{
+		"deny":  "rpc error: code = PermissionDenied desc = etcdserver: permission denied",
+		"dup":   "mvcc: duplicate watch ID provided on the WatchStream",
+		"token": "etcdserver: invalid auth token",
+	}
+	var creates []*pb.WatchCreateRequest
+	for range keys {
+		creates = append(creates, h.srv.RecvCreate(t))
+	}
+	for i, c := range creates {
+		if reason, fail := reasons[string(c.Key)]; fail {
+			h.srv.Send(t, ws.CreateFailed(reason))
+			continue
+		}
+		h.srv.Send(t, ws.Created(c.WatchId, 10))
+		h.srv.Send(t, ws.Events(c.WatchId, 11+int64(i), ws.Put(string(c.Key), "v", 11+int64(i))))
+	}
+	wantKind := map[string]error{
+		"deny": etcdwatch.ErrPermissionDenied, "dup": etcdwatch.ErrInvalidRequest, "token": etcdwatch.ErrUnauthenticated,
+	}
+	for _, k := range keys {
+		got := recvResult(t, results[k])
+		if kind, fail := wantKind[k]; fail {
+			require.ErrorIs(t, got.err, kind, k)
+			var se *etcdwatch.ServerError
+			require.ErrorAs(t, got.err, &se)
+			require.Equal(t, reasons[k], se.Reason)
+			continue
+		}
+		require.NoError(t, got.err, k)
+		require.Equal(t, k, string(next(t, got.w).Events[0].Key))
+	}
+	require.Equal(t, int64(3), h.s.Stats().Watches)
+}
+
+// TestServerChosenIDsAreAdopted: a gRPC proxy ignores the client's ids. The
+// client adopts the server's ids and then keeps one create in flight.
+func TestServerChosenIDsAreAdopted(t *testing.T) {
+	h := newHarness(t)
+	first := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId+1000, 5))
+	a := recvResult(t, first)
+	require.NoError(t, a.err)
+	require.Equal(t, c.WatchId+1000, a.w.ID())
+	require.True(t, h.s.Stats().IDsRewritten)
+
+	const n = 5
+	var results []<-chan watchResult
+	for i := range n {
+		results = append(results, h.watchAsync(context.Background(), etcdwatch.Key(fmt.Sprint("k", i))))
+	}
+	require.Eventually(t, func() bool { return h.s.Stats().Watches == n+1 }, wait, time.Millisecond)
+	before := h.barrier(5)
+	require.Len(t, before, 1, "creates must not be pipelined once the server picks ids")
+	keyOf := map[int64]string{}
+	c = before[0].GetCreateRequest()
+	for i := range n {
+		id := int64(2000 + i)
+		keyOf[id] = string(c.Key)
+		h.srv.Send(t, ws.Created(id, 5))
+		if i < n-1 {
+			c = h.srv.RecvCreate(t)
+		}
+	}
+	for _, res := range results {
+		got := recvResult(t, res)
+		require.NoError(t, got.err)
+		h.srv.Send(t, ws.Events(got.w.ID(), 6, ws.Put(keyOf[got.w.ID()], "v", 6)))
+		require.Equal(t, keyOf[got.w.ID()], string(next(t, got.w).Events[0].Key))
+	}
+	h.srv.Send(t, ws.Events(a.w.ID(), 7, ws.Put("a", "v", 7)))
+	require.True(t, next(t, a.w).IsProgress(), "the barrier's bookmark")
+	require.Equal(t, "a", string(next(t, a.w).Events[0].Key))
+}
+
+// TestUnknownIDIsCanceledOnce: events for an id the client never created are
+// dropped, and the server is asked once to cancel that id.
+func TestUnknownIDIsCanceledOnce(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev < 5; rev++ {
+		h.srv.Send(t, ws.Events(77, rev, ws.Put("stray", "v", rev)))
+	}
+	h.srv.Send(t, ws.Events(w.ID(), 5, ws.Put("a", "v", 5)))
+	require.Equal(t, int64(5), next(t, w).Revision)
+	before := h.barrier(5)
+	require.Len(t, before, 1)
+	require.Equal(t, int64(77), before[0].GetCancelRequest().GetWatchId())
+	require.Equal(t, uint64(1), h.s.Stats().UnknownResponses)
+}
+
+// TestFragmentsAreJoined: a revision split over fragments arrives whole.
+func TestFragmentsAreJoined(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Prefix("big/").WithFragment(), 1)
+	frag := func(last bool, keys ...string) *pb.WatchResponse {
+		r := ws.Events(w.ID(), 2)
+		for _, k := range keys {
+			r.Events = append(r.Events, ws.Put(k, "v", 2))
+		}
+		r.Fragment = !last
+		return r
+	}
+	h.srv.Send(t, frag(false, "big/1", "big/2"))
+	h.srv.Send(t, frag(false, "big/3"))
+	h.srv.Send(t, frag(true, "big/4", "big/5"))
+	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("big/6", "v", 3)))
+	r := next(t, w)
+	require.Len(t, r.Events, 5)
+	for i, e := range r.Events {
+		require.Equal(t, fmt.Sprint("big/", i+1), string(e.Key))
+	}
+	require.Equal(t, int64(2), r.Revision)
+	require.Equal(t, int64(3), next(t, w).Revision)
+}
+
+// TestStreamProgressReachesEveryWatch: a progress response with id -1 is a
+// bookmark for every watch; one with a watch's id is for that watch alone.
+func TestStreamProgressReachesEveryWatch(t *testing.T) {
+	h := newHarness(t)
+	var watches []*etcdwatch.Watch
+	for i := range 3 {
+		watches = append(watches, h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10))
+	}
+	h.srv.Send(t, ws.Progress(watches[1].ID(), 40))
+	h.srv.Send(t, ws.Progress(-1, 50))
+	for i, w := range watches {
+		r := next(t, w)
+		require.True(t, r.IsProgress())
+		if i == 1 && r.Revision == 40 { // else the newer bookmark replaced it in the queue
+			r = next(t, w)
+		}
+		require.Equal(t, int64(50), r.Revision)
+		require.Equal(t, int64(50), r.Header.Revision)
+		require.Eventually(t, func() bool { return w.Revision() == 50 }, wait, time.Millisecond)
+	}
+}
+
+// TestRequestProgressAsksAgain: etcd 3.6+ ignores a progress request while a
+// watch catches up; the client must ask again until answered.
+func TestRequestProgressAsksAgain(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithProgressRetry(10*time.Millisecond))
+	h.watch(etcdwatch.Key("a"), 1)
+	got := make(chan int64, 1)
+	go func() {
+		rev, err := h.s.RequestProgress(context.Background())
+		assert.NoError(t, err)
+		got <- rev
+	}()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "unanswered progress request not repeated")
+	h.srv.Send(t, ws.Progress(-1, 99))
+	select {
+	case rev := <-got:
+		require.Equal(t, int64(99), rev)
+	case <-time.After(wait):
+		t.Fatal("RequestProgress did not return")
+	}
+}
+
+func TestRequestProgressEndsWithContext(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("a"), 1)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cause := errors.New("caller gave up")
+	go func() {
+		h.srv.Recv(t)
+		cancel(cause)
+	}()
+	_, err := h.s.RequestProgress(ctx)
+	require.ErrorIs(t, err, cause)
+}
+
+func TestRequestProgressWithoutWatches(t *testing.T) {
+	h := newHarness(t)
+	_, err := h.s.RequestProgress(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
+}
+
+// TestStreamFailureEndsWatches: until reconnection exists, a broken stream
+// ends every watch with an error that keeps the gRPC status.
+func TestStreamFailureEndsWatches(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	require.Equal(t, int64(2), next(t, w).Revision, "buffered events are still delivered")
+	err := ended(t, w)
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	_, err = h.s.Watch(context.Background(), etcdwatch.Key("b"))
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	_, err = h.s.RequestProgress(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+}
+
+// TestCloseEndsEverything: Close ends watches, pending creates and the RPC.
+func TestCloseEndsEverything(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2))) // left unread
+	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("a", "v", 3)))
+	require.Eventually(t, func() bool { return h.s.Stats().Events == 2 }, wait, time.Millisecond)
+	pending := h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	h.srv.RecvCreate(t) // never answered
+	require.NoError(t, h.s.Close())
+	require.NoError(t, h.s.Close(), "Close is idempotent")
+	require.ErrorIs(t, recvResult(t, pending).err, etcdwatch.ErrClosed)
+	_, ok := <-w.Responses()
+	require.False(t, ok, "a closed stream delivers nothing more")
+	require.ErrorIs(t, w.Err(), etcdwatch.ErrClosed)
+	require.True(t, h.srv.Ended(t), "gRPC stream not ended")
+	_, err := h.s.Watch(context.Background(), etcdwatch.Key("c"))
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	_, err = h.s.RequestProgress(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+}
+
+// TestConcurrentWatchersAndCancels runs creates and cancels from many
+// goroutines against an auto-answering server, for the race detector.
+func TestConcurrentWatchersAndCancels(t *testing.T) {
+	h := newHarness(t)
+	const goroutines, each = 20, 25
+	serverDone := make(chan struct{})
+	go func() {
+		defer close(serverDone)
+		creates, cancels := 0, 0
+		for creates < goroutines*each || cancels < goroutines*each {
+			req := h.srv.Recv(t)
+			switch {
+			case req.GetCreateRequest() != nil:
+				creates++
+				id := req.GetCreateRequest().WatchId
+				h.srv.Send(t, ws.Created(id, 1))
+				h.srv.Send(t, ws.Events(id, 2, ws.Put(string(req.GetCreateRequest().Key), "v", 2)))
+			case req.GetCancelRequest() != nil:
+				cancels++
+				h.srv.Send(t, ws.Canceled(req.GetCancelRequest().WatchId))
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				key := fmt.Sprintf("g%d/%d", g, i)
+				w, err := h.s.Watch(context.Background(), etcdwatch.Key(key))
+				if !assert.NoError(t, err) {
+					return
+				}
+				r := <-w.Responses()
+				assert.Equal(t, key, string(r.Events[0].Key))
+				w.Cancel()
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-serverDone:
+	case <-time.After(wait):
+		t.Fatal("server did not see every create and cancel")
+	}
+	require.Equal(t, int64(0), h.s.Stats().Watches)
+}

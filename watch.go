@@ -1,0 +1,256 @@
+package etcdwatch
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/etcdwatch/etcdwatch/internal/ring"
+)
+
+// watchState is where a watch is in its life. The dispatcher owns it.
+type watchState uint8
+
+const (
+	stateCreating watchState = iota // create queued or sent, no created response yet
+	stateActive                     // confirmed by the server; events flow
+	statePaused                     // buffer full: server-side watch canceled until the consumer catches up
+	stateDone                       // ended; the dispatcher has forgotten it
+)
+
+// Watch is one watch on a Stream. Its methods are safe for concurrent use.
+//
+// Responses arrive on Responses in revision order. The channel is closed,
+// exactly once, when the watch ends; Err then says why. A watch ended by the
+// server (compaction, a refused permission, a broken stream) still delivers
+// what it had buffered before its channel closes; a watch ended by Cancel, its
+// context or Stream.Close delivers nothing more.
+type Watch struct {
+	stream *Stream
+	req    Request // immutable
+
+	id        atomic.Int64 // server's id for the watch; written by the dispatcher
+	delivered atomic.Int64 // Revision(); written by whoever hands a Response to the consumer
+
+	out     chan Response // Responses(); closed with done, by closeOut
+	done    chan struct{}
+	err     error      // why the watch ended; written before done is closed
+	created chan error // dispatcher -> Stream.Watch: outcome of the first create
+	stopCtx func() bool
+
+	// Owned by the dispatcher.
+	state     watchState
+	reqID     int64   // id asked for in the create in flight
+	fromNow   bool    // created with Revision 0 and not yet confirmed
+	confirmed bool    // the first create succeeded and Stream.Watch was told
+	abandoned bool    // ended by its consumer while a create was in flight
+	rev       int64   // every event <= rev has been queued for the consumer
+	frag      []Event // events of a fragmented response awaiting its last piece
+
+	// Delivery, shared by the dispatcher (producer), the pump goroutine and
+	// the consumer's Cancel; guarded by mu.
+	mu      sync.Mutex
+	queue   ring.Ring[Response]
+	queued  int           // events in queue, a bookmark counting as one
+	pumping bool          // a pump goroutine is running and owns sends on out
+	paused  bool          // over the limit: the pump tells the dispatcher when drained
+	ended   bool          // no more pushes are taken
+	dropped bool          // the backlog was thrown away
+	stop    chan struct{} // closed to make the running pump give up
+}
+
+func newWatch(s *Stream, r Request) *Watch {
+	w := &Watch{
+		stream:  s,
+		req:     r,
+		out:     make(chan Response),
+		done:    make(chan struct{}),
+		created: make(chan error, 1),
+		fromNow: r.Revision == 0,
+		rev:     max(r.Revision-1, 0),
+	}
+	w.id.Store(-1)
+	w.delivered.Store(w.rev)
+	return w
+}
+
+// ID returns the server's id for the watch. It changes when the watch is
+// re-created after a pause, and is -1 before the server confirmed it.
+func (w *Watch) ID() int64 { return w.id.Load() }
+
+// Request returns the request the watch was opened with.
+func (w *Watch) Request() Request { return w.req }
+
+// Responses returns the channel of responses. It is closed once the watch has
+// ended and everything it is going to deliver has been read.
+func (w *Watch) Responses() <-chan Response { return w.out }
+
+// Done is closed when Responses is closed.
+func (w *Watch) Done() <-chan struct{} { return w.done }
+
+// Err returns nil while the watch runs, then why it ended: ErrCanceled, the
+// context's cause, ErrClosed, a *CompactedError, a *ServerError, or an error
+// wrapping ErrStreamFailed.
+func (w *Watch) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
+}
+
+// Revision returns a revision R such that every event of this watch with a
+// revision <= R has been received from Responses. It is updated just after
+// a Response is handed over, so it may briefly trail the Response a consumer
+// has just received, never lead it; Response.Revision is exact.
+func (w *Watch) Revision() int64 { return w.delivered.Load() }
+
+// Cancel ends the watch. It is idempotent, and once it returns nothing more
+// is delivered and the channel is closed. The server-side watch is released
+// without waiting for the server.
+func (w *Watch) Cancel() { w.cancelWith(ErrCanceled) }
+
+// cancelWith ends the watch on its consumer's behalf and tells the dispatcher.
+func (w *Watch) cancelWith(err error) {
+	if w.end(err, true) {
+		w.stream.command(cancelCmd{w})
+	}
+	<-w.done
+}
+
+// size is how much of the buffer limit a response takes.
+func size(r Response) int { return max(len(r.Events), 1) }
+
+// push hands r to the consumer without ever blocking: straight to a waiting
+// reader when nothing is queued, otherwise into the queue served by the pump.
+// It reports whether the queue has reached limit, in which case the watch is
+// marked paused and the caller must pause it.
+func (w *Watch) push(r Response, limit int) (full bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return false
+	}
+	if !w.pumping {
+		select {
+		case w.out <- r:
+			w.delivered.Store(r.Revision)
+			return false
+		default:
+		}
+	}
+	if last := w.queue.Last(); last != nil && r.IsProgress() && last.IsProgress() {
+		*last = r // a newer bookmark supersedes a queued one
+		return false
+	}
+	w.queue.Push(r)
+	w.queued += size(r)
+	if !w.pumping {
+		w.pumping = true
+		w.stop = make(chan struct{})
+		w.stream.pumps.Add(1)
+		go w.pump(w.stop) // exits when the queue is empty or stop closes; Close waits on stream.pumps
+	}
+	if w.queued >= limit && !w.paused {
+		w.paused = true
+		return true
+	}
+	return false
+}
+
+// pump feeds queued responses to the consumer, blocking as long as the
+// consumer takes, until the queue is empty, the watch is dropped or the
+// Stream is closing. When the queue of a paused watch falls to half the limit it
+// asks the dispatcher to resume the watch.
+func (w *Watch) pump(stop chan struct{}) {
+	defer w.stream.pumps.Done()
+	for {
+		r, resume, ok := w.next()
+		if !ok {
+			return
+		}
+		if resume {
+			w.stream.command(resumeCmd{w})
+		}
+		select {
+		case w.out <- r:
+			w.delivered.Store(r.Revision)
+		case <-stop:
+			w.giveUp()
+			return
+		case <-w.stream.closing:
+			w.giveUp()
+			return
+		}
+	}
+}
+
+// giveUp ends the pump's run without delivering the backlog, closing the
+// channel if the watch has ended (else the dispatcher's end will).
+func (w *Watch) giveUp() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.queue.Reset()
+	w.queued = 0
+	w.pumping = false
+	if w.ended {
+		w.closeOut()
+	}
+}
+
+// next pops the queue for the pump. When the queue is empty it ends the
+// pump's run (closing the channel if the watch has ended) and reports !ok.
+func (w *Watch) next() (r Response, resume, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok = w.queue.Pop()
+	if !ok {
+		w.pumping = false
+		if w.ended {
+			w.closeOut()
+		}
+		return r, false, false
+	}
+	w.queued -= size(r)
+	if w.paused && w.queued <= w.stream.opts.bufferLimit/2 {
+		w.paused = false
+		resume = true
+	}
+	return r, resume, true
+}
+
+// end marks the watch ended with err, dropping its backlog if drop is set.
+// The channel closes now if no pump runs, else when the pump finishes. It
+// reports whether this call ended the watch.
+func (w *Watch) end(err error, drop bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	first := !w.ended
+	if first {
+		w.ended = true
+		w.err = err
+		if w.stopCtx != nil {
+			w.stopCtx()
+		}
+	}
+	if drop && !w.dropped {
+		w.dropped = true
+		w.queue.Reset()
+		w.queued = 0
+		if w.pumping {
+			close(w.stop)
+		}
+	}
+	if first && !w.pumping {
+		w.closeOut()
+	}
+	return first
+}
+
+// closeOut closes the consumer's channels. Called with mu held, exactly once:
+// by end when no pump runs, otherwise by the pump as it finishes.
+// done goes first, so that a consumer who sees out closed finds Err set.
+func (w *Watch) closeOut() {
+	close(w.done)
+	close(w.out)
+}
