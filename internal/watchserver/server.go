@@ -127,6 +127,10 @@ func (st *Stream) Recv(t testing.TB) *pb.WatchRequest {
 	}
 }
 
+// Requests returns the channel of the client's requests, for tests that
+// serve a stream in a loop; it is closed when the client's side ends.
+func (st *Stream) Requests() <-chan *pb.WatchRequest { return st.reqs }
+
 // RecvCreate returns the next request, which must be a create.
 func (st *Stream) RecvCreate(t testing.TB) *pb.WatchCreateRequest {
 	t.Helper()
