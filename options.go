@@ -13,10 +13,10 @@ import (
 type Option func(*options)
 
 type options struct {
-	bufferLimit     int
-	progressRetry   time.Duration
-	logger          *slog.Logger
-	callOptions     []grpc.CallOption
+	bufferLimit       int
+	progressRetry     time.Duration
+	logger            *slog.Logger
+	callOptions       []grpc.CallOption
 	openStreamForTest opener // nil: a gRPC Watch stream on the connection
 }
 
