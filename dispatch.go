@@ -345,6 +345,7 @@ func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		w.frag = events
+		d.s.stats.fragments.Add(1)
 		return
 	}
 	w.frag = nil

@@ -12,6 +12,7 @@ type Stats struct {
 	Resumes           uint64 // times a paused watch was re-created
 	Responses         uint64 // responses received from the server
 	Events            uint64 // events queued for consumers
+	Fragments         uint64 // fragment responses joined into whole revisions
 	DuplicatesDropped uint64 // events at or below a watch's revision that were dropped
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
@@ -19,10 +20,11 @@ type Stats struct {
 
 // counters are written by the dispatcher only and read by Stats.
 type counters struct {
-	watches, paused                        atomic.Int64
-	created, pauses, resumes               atomic.Uint64
-	responses, events, duplicates, unknown atomic.Uint64
-	idsRewritten                           atomic.Bool
+	watches, paused              atomic.Int64
+	created, pauses, resumes     atomic.Uint64
+	responses, events, fragments atomic.Uint64
+	duplicates, unknown          atomic.Uint64
+	idsRewritten                 atomic.Bool
 }
 
 func (c *counters) snapshot() Stats {
@@ -34,6 +36,7 @@ func (c *counters) snapshot() Stats {
 		Resumes:           c.resumes.Load(),
 		Responses:         c.responses.Load(),
 		Events:            c.events.Load(),
+		Fragments:         c.fragments.Load(),
 		DuplicatesDropped: c.duplicates.Load(),
 		UnknownResponses:  c.unknown.Load(),
 		IDsRewritten:      c.idsRewritten.Load(),

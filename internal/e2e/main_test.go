@@ -1,0 +1,115 @@
+// Package e2e proves etcdwatch against a real etcd server, embedded in the
+// test process.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/server/v3/embed"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+)
+
+// wait bounds every wait; nothing is timed.
+const wait = 30 * time.Second
+
+// etcd is the member shared by the tests; each test uses its own key prefix.
+var etcd *embedded.Server
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "etcdwatch-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	etcd, err = embedded.Start(dir, func(c *embed.Config) {
+		c.MaxRequestBytes = maxRequestBytes
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	etcd.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// maxRequestBytes lets a test write a 3 MiB transaction; the server then
+// fragments watch responses above maxRequestBytes + 512 KiB.
+const maxRequestBytes = 7 << 19
+
+// open returns a Stream on its own connection, closed when the test ends.
+func open(t *testing.T, opts ...etcdwatch.Option) *etcdwatch.Stream {
+	t.Helper()
+	conn, err := etcd.Dial(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)))
+	require.NoError(t, err)
+	s, err := etcdwatch.Open(conn, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, s.Close())
+		require.NoError(t, conn.Close())
+	})
+	return s
+}
+
+// client returns an official client for writing, closed when the test ends.
+func client(t *testing.T) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:          []string{etcd.Endpoint},
+		DialTimeout:        wait,
+		MaxCallSendMsgSize: 64 << 20,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+func ctx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// next returns the watch's next response.
+func next(t *testing.T, w *etcdwatch.Watch) etcdwatch.Response {
+	t.Helper()
+	select {
+	case r, ok := <-w.Responses():
+		require.True(t, ok, "watch ended: %v", w.Err())
+		return r
+	case <-time.After(wait):
+		t.Fatalf("no response for watch %d", w.ID())
+		return etcdwatch.Response{}
+	}
+}
+
+// nextEvents skips bookmarks and returns the next events.
+func nextEvents(t *testing.T, w *etcdwatch.Watch) []etcdwatch.Event {
+	t.Helper()
+	for {
+		if r := next(t, w); !r.IsProgress() {
+			return r.Events
+		}
+	}
+}

@@ -1,0 +1,357 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// collect reads a watch's events in a goroutine until stop is closed and
+// the events up to the revision sent on upTo have arrived.
+type collector struct {
+	mu     sync.Mutex
+	events []etcdwatch.Event
+	done   chan struct{}
+}
+
+func collect(t *testing.T, w *etcdwatch.Watch, upTo <-chan int64) *collector {
+	c := &collector{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		var last int64 = -1
+		var seen int64
+		for {
+			select {
+			case r, ok := <-w.Responses():
+				if !assert.True(t, ok, "watch ended: %v", w.Err()) {
+					return
+				}
+				c.mu.Lock()
+				c.events = append(c.events, r.Events...)
+				c.mu.Unlock()
+				seen = r.Revision
+			case last = <-upTo:
+				upTo = nil
+			case <-time.After(wait):
+				t.Errorf("watch %d: no response within %v", w.ID(), wait)
+				return
+			}
+			if last >= 0 && seen >= last {
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// TestBusyPrefixWhileCreating is the reported interleaving against a real
+// server: while a writer keeps one watch busy, 250 more watches are created
+// on the same stream. Every watch must get exactly its own events, and the
+// busy watch every write, in order.
+func TestBusyPrefixWhileCreating(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	busy, err := s.Watch(ctx, etcdwatch.Prefix("race/busy/"))
+	require.NoError(t, err)
+	lastRev := make(chan int64, 1)
+	busyEvents := collect(t, busy, lastRev)
+
+	stop := make(chan struct{})
+	written := make(chan []int64, 1)
+	go func() {
+		var revs []int64
+		defer func() { written <- revs }()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := kv.Put(ctx, "race/busy/k", strconv.Itoa(i))
+			if !assert.NoError(t, err) {
+				return
+			}
+			revs = append(revs, resp.Header.Revision)
+		}
+	}()
+
+	const goroutines, each = 10, 25
+	watches := make([]*etcdwatch.Watch, goroutines*each)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				n := g*each + i
+				w, err := s.Watch(ctx, etcdwatch.Key(fmt.Sprintf("race/own/%03d", n)))
+				if !assert.NoError(t, err) {
+					return
+				}
+				watches[n] = w
+			}
+		})
+	}
+	wg.Wait()
+	created := time.Since(start)
+	for n := range watches {
+		_, err := kv.Put(ctx, fmt.Sprintf("race/own/%03d", n), fmt.Sprint("own-", n))
+		require.NoError(t, err)
+	}
+	close(stop)
+	revs := <-written
+	require.NotEmpty(t, revs)
+	lastRev <- revs[len(revs)-1]
+	<-busyEvents.done
+
+	var got []int64
+	for _, e := range busyEvents.events {
+		require.Equal(t, "race/busy/k", string(e.Key))
+		got = append(got, e.ModRevision)
+	}
+	require.Equal(t, revs, got, "the busy watch lost, repeated or reordered events")
+
+	progress, err := s.RequestProgress(ctx)
+	require.NoError(t, err)
+	for n, w := range watches {
+		events := nextEvents(t, w)
+		require.Len(t, events, 1)
+		require.Equal(t, fmt.Sprintf("race/own/%03d", n), string(events[0].Key))
+		require.Equal(t, fmt.Sprint("own-", n), string(events[0].Value))
+		for drained := false; !drained; { // nothing else up to the progress revision
+			select {
+			case r := <-w.Responses():
+				require.True(t, r.IsProgress(), "watch %d got a stray event %v", n, r.Events)
+			default:
+				drained = true
+			}
+		}
+	}
+	t.Logf("created %d watches beside a writer in %v; busy watch checked %d events up to revision %d (progress %d)",
+		len(watches), created, len(got), revs[len(revs)-1], progress)
+}
+
+// TestManyWatchesFromManyGoroutines creates 5,000 watches from 50 goroutines
+// on one stream and checks that each gets the write to its own key.
+func TestManyWatchesFromManyGoroutines(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	const goroutines, each = 50, 100
+	watches := make([]*etcdwatch.Watch, goroutines*each)
+	key := func(n int) string { return fmt.Sprintf("many/%04d", n) }
+	var wg sync.WaitGroup
+	start := time.Now()
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				n := g*each + i
+				w, err := s.Watch(ctx, etcdwatch.Key(key(n)))
+				if !assert.NoError(t, err) {
+					return
+				}
+				watches[n] = w
+			}
+		})
+	}
+	wg.Wait()
+	created := time.Since(start)
+	require.Equal(t, int64(len(watches)), s.Stats().Watches)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				_, err := kv.Put(ctx, key(g*each+i), "v")
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	for n, w := range watches {
+		events := nextEvents(t, w)
+		require.Len(t, events, 1)
+		require.Equal(t, key(n), string(events[0].Key))
+	}
+	t.Logf("created %d watches from %d goroutines in %v; %d events checked", len(watches), goroutines, created, len(watches))
+}
+
+// TestCompactedRevision: a watch from a compacted revision is refused with
+// *CompactedError; one from the compaction point onwards works.
+func TestCompactedRevision(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	var revs []int64
+	for i := range 5 {
+		resp, err := kv.Put(ctx, "compact/k", strconv.Itoa(i))
+		require.NoError(t, err)
+		revs = append(revs, resp.Header.Revision)
+	}
+	_, err := kv.Compact(ctx, revs[3])
+	require.NoError(t, err)
+
+	w, err := s.Watch(ctx, etcdwatch.Key("compact/k").FromRevision(revs[0]))
+	require.NoError(t, err, "etcd confirms the create before it cancels")
+	err = func() error {
+		for range w.Responses() {
+		}
+		return w.Err()
+	}()
+	var ce *etcdwatch.CompactedError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, revs[3], ce.CompactRevision)
+	require.Equal(t, revs[0], ce.Revision)
+
+	w, err = s.Watch(ctx, etcdwatch.Key("compact/k").FromRevision(revs[3]))
+	require.NoError(t, err)
+	events := nextEvents(t, w)
+	require.Equal(t, revs[3], events[0].ModRevision)
+}
+
+// TestFiltersAndPrevKV checks event types, filters and previous values.
+func TestFiltersAndPrevKV(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	puts, err := s.Watch(ctx, etcdwatch.Prefix("filter/").WithoutDeletes().WithPrevKV())
+	require.NoError(t, err)
+	deletes, err := s.Watch(ctx, etcdwatch.Prefix("filter/").WithoutPuts().WithPrevKV())
+	require.NoError(t, err)
+	for _, op := range []clientv3.Op{
+		clientv3.OpPut("filter/a", "1"), clientv3.OpPut("filter/a", "2"),
+		clientv3.OpDelete("filter/a"), clientv3.OpPut("filter/b", "1"),
+	} {
+		_, err := kv.Do(ctx, op)
+		require.NoError(t, err)
+	}
+	var got []etcdwatch.Event
+	for len(got) < 3 {
+		got = append(got, nextEvents(t, puts)...)
+	}
+	require.Len(t, got, 3)
+	require.True(t, got[0].IsCreate())
+	require.Nil(t, got[0].PrevKV)
+	require.True(t, got[1].IsModify())
+	require.Equal(t, "1", string(got[1].PrevKV.Value))
+	require.Equal(t, "2", string(got[1].Value))
+	require.Equal(t, "filter/b", string(got[2].Key))
+
+	del := nextEvents(t, deletes)
+	require.Len(t, del, 1)
+	require.Equal(t, etcdwatch.Delete, del[0].Type)
+	require.Equal(t, "filter/a", string(del[0].Key))
+	require.Equal(t, "2", string(del[0].PrevKV.Value))
+	require.Equal(t, got[1].ModRevision+1, del[0].ModRevision)
+}
+
+// TestFutureRevision: a watch from a revision the store has not reached yet
+// delivers exactly from that revision.
+func TestFutureRevision(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	resp, err := kv.Put(ctx, "future/k", "0")
+	require.NoError(t, err)
+	from := resp.Header.Revision + 3
+	w, err := s.Watch(ctx, etcdwatch.Key("future/k").FromRevision(from))
+	require.NoError(t, err)
+	require.Equal(t, from-1, w.Revision())
+	for i := 1; i <= 5; i++ {
+		_, err := kv.Put(ctx, "future/k", strconv.Itoa(i))
+		require.NoError(t, err)
+	}
+	var revs []int64
+	for len(revs) < 3 {
+		for _, e := range nextEvents(t, w) {
+			revs = append(revs, e.ModRevision)
+		}
+	}
+	require.Equal(t, []int64{from, from + 1, from + 2}, revs)
+}
+
+// TestFragmentedTransaction: a transaction whose watch response exceeds the
+// server's limit arrives in fragments; the watch delivers it whole.
+func TestFragmentedTransaction(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	w, err := s.Watch(ctx, etcdwatch.Prefix("frag/").WithPrevKV().WithFragment())
+	require.NoError(t, err)
+	value := func(b byte) string { return string(bytes.Repeat([]byte{b}, 1<<20)) }
+	txn := func(b byte) int64 {
+		var ops []clientv3.Op
+		for i := range 3 {
+			ops = append(ops, clientv3.OpPut(fmt.Sprint("frag/", i), value(b)))
+		}
+		resp, err := kv.Txn(ctx).Then(ops...).Commit()
+		require.NoError(t, err)
+		return resp.Header.Revision
+	}
+	txn('a')
+	rev := txn('b') // with previous values: about 6 MiB, above the 4 MiB threshold
+	var events []etcdwatch.Event
+	for len(events) < 6 {
+		r := next(t, w)
+		require.True(t, len(r.Events) == 3, "a revision was split: %d events", len(r.Events))
+		events = append(events, r.Events...)
+	}
+	for i, e := range events[3:] {
+		require.Equal(t, rev, e.ModRevision)
+		require.Equal(t, fmt.Sprint("frag/", i), string(e.Key))
+		require.Equal(t, value('b'), string(e.Value))
+		require.Equal(t, value('a'), string(e.PrevKV.Value))
+	}
+	require.Positive(t, s.Stats().Fragments, "the server did not fragment; the test proves nothing")
+}
+
+// TestRequestProgress: the answer covers every write made before the call,
+// and every watch gets it as a bookmark after its events.
+func TestRequestProgress(t *testing.T) {
+	s, kv, ctx := open(t), client(t), ctx(t)
+	var watches []*etcdwatch.Watch
+	for i := range 3 {
+		w, err := s.Watch(ctx, etcdwatch.Key(fmt.Sprint("progress/", i)))
+		require.NoError(t, err)
+		watches = append(watches, w)
+	}
+	resp, err := kv.Put(ctx, "progress/0", "v")
+	require.NoError(t, err)
+	rev, err := s.RequestProgress(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, rev, resp.Header.Revision)
+	for i, w := range watches {
+		if i == 0 {
+			require.Equal(t, resp.Header.Revision, next(t, w).Events[0].ModRevision)
+		}
+		r := next(t, w)
+		require.True(t, r.IsProgress())
+		require.Equal(t, rev, r.Revision)
+	}
+}
+
+// TestStalledConsumerBesideBusyOne: a consumer that stops reading must not
+// hold up a busy watch on the same stream, and loses nothing once it reads.
+func TestStalledConsumerBesideBusyOne(t *testing.T) {
+	s, kv, ctx := open(t, etcdwatch.WithBufferLimit(16)), client(t), ctx(t)
+	stalled, err := s.Watch(ctx, etcdwatch.Prefix("stall/s/"))
+	require.NoError(t, err)
+	busy, err := s.Watch(ctx, etcdwatch.Prefix("stall/b/"))
+	require.NoError(t, err)
+	const n = 200
+	var stalledRevs []int64
+	for i := range n {
+		r1, err := kv.Put(ctx, "stall/s/k", strconv.Itoa(i))
+		require.NoError(t, err)
+		stalledRevs = append(stalledRevs, r1.Header.Revision)
+		r2, err := kv.Put(ctx, "stall/b/k", strconv.Itoa(i))
+		require.NoError(t, err)
+		events := nextEvents(t, busy) // the busy consumer keeps up with every write
+		require.Equal(t, r2.Header.Revision, events[len(events)-1].ModRevision)
+	}
+	require.Positive(t, s.Stats().Pauses, "the stalled watch was never paused")
+	var got []int64
+	for len(got) < n {
+		for _, e := range nextEvents(t, stalled) {
+			got = append(got, e.ModRevision)
+		}
+	}
+	require.Equal(t, stalledRevs, got)
+	st := s.Stats()
+	t.Logf("pauses %d, resumes %d", st.Pauses, st.Resumes)
+}
