@@ -240,14 +240,37 @@ func (d *dispatcher) handleStreamFailure(err error) {
 	d.endAll(d.failed, false)
 }
 
-func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
-	d.s.stats.responses.Add(1)
+// responseKind is what a response means, before looking at any watch.
+type responseKind uint8
+
+const (
+	kindCreated        responseKind = iota // answer to the oldest create in flight
+	kindCanceled                           // a watch ended, or the answer to our cancel
+	kindStreamProgress                     // progress for every watch on the stream
+	kindWatch                              // events, fragments or progress of one watch
+)
+
+func kindOf(resp *pb.WatchResponse) responseKind {
 	switch {
 	case resp.Created:
-		d.handleCreated(resp)
+		return kindCreated
 	case resp.Canceled:
-		d.handleCanceled(resp)
+		return kindCanceled
 	case resp.WatchId == -1 && len(resp.Events) == 0 && !resp.Fragment:
+		return kindStreamProgress
+	default:
+		return kindWatch
+	}
+}
+
+func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
+	d.s.stats.responses.Add(1)
+	switch kindOf(resp) {
+	case kindCreated:
+		d.handleCreated(resp)
+	case kindCanceled:
+		d.handleCanceled(resp)
+	case kindStreamProgress:
 		d.handleStreamProgress(resp)
 	default:
 		d.handleEvents(resp)
@@ -341,6 +364,10 @@ func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
 		d.dropUnknown(resp.WatchId, true)
 		return
 	}
+	if len(resp.Events) == 0 && !resp.Fragment { // a progress notification
+		d.bookmark(w, resp.Header)
+		return
+	}
 	events, skipped := appendEvents(w.frag, resp.Events, w.rev)
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
@@ -350,9 +377,6 @@ func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
 	}
 	w.frag = nil
 	if len(events) == 0 {
-		if len(resp.Events) == 0 { // a progress notification
-			d.bookmark(w, resp.Header)
-		}
 		return
 	}
 	w.rev = events[len(events)-1].ModRevision
@@ -376,8 +400,8 @@ func (d *dispatcher) dropUnknown(id int64, live bool) {
 // bookmark delivers a progress notification at the header's revision.
 func (d *dispatcher) bookmark(w *Watch, h *pb.ResponseHeader) {
 	rev := h.GetRevision()
-	if rev < w.rev {
-		return // behind what the watch has delivered, e.g. before a future start revision
+	if rev < w.rev || len(w.frag) > 0 {
+		return // behind the watch (a future start revision), or inside a fragmented revision
 	}
 	w.rev = rev
 	d.deliver(w, Response{Header: headerOf(h), Revision: rev})

@@ -86,7 +86,7 @@ var serverReasons = []struct {
 }{
 	{"permission denied", ErrPermissionDenied},
 	{"invalid auth token", ErrUnauthenticated},
-	{"auth revision is old", ErrUnauthenticated},
+	{"revision of auth store is old", ErrUnauthenticated},
 	{"user name is empty", ErrUnauthenticated},
 	{"range is empty", ErrInvalidRequest},
 	{"duplicate watch id", ErrInvalidRequest},

@@ -1,0 +1,248 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+func TestKindOf(t *testing.T) {
+	ev := []*mvccpb.Event{{Kv: &mvccpb.KeyValue{Key: []byte("k"), ModRevision: 2}}}
+	for _, tc := range []struct {
+		name string
+		resp *pb.WatchResponse
+		want responseKind
+	}{
+		{"created", &pb.WatchResponse{WatchId: 3, Created: true}, kindCreated},
+		{"refused create has id -1", &pb.WatchResponse{WatchId: -1, Created: true, Canceled: true}, kindCreated},
+		{"canceled", &pb.WatchResponse{WatchId: 3, Canceled: true}, kindCanceled},
+		{"compacted", &pb.WatchResponse{WatchId: 3, Canceled: true, CompactRevision: 9}, kindCanceled},
+		{"stream progress", &pb.WatchResponse{WatchId: -1}, kindStreamProgress},
+		{"watch progress", &pb.WatchResponse{WatchId: 3}, kindWatch},
+		{"events", &pb.WatchResponse{WatchId: 3, Events: ev}, kindWatch},
+		{"fragment", &pb.WatchResponse{WatchId: 3, Events: ev, Fragment: true}, kindWatch},
+		{"events for id -1 are not progress", &pb.WatchResponse{WatchId: -1, Events: ev}, kindWatch},
+		{"watch 0 is a watch", &pb.WatchResponse{WatchId: 0}, kindWatch},
+	} {
+		if got := kindOf(tc.resp); got != tc.want {
+			t.Errorf("%s: kindOf = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestClassifyReason(t *testing.T) {
+	for reason, want := range map[string]error{
+		"etcdserver: permission denied":                                                      ErrPermissionDenied,
+		"rpc error: code = PermissionDenied desc = etcdserver: permission denied":            ErrPermissionDenied,
+		"etcdserver: invalid auth token":                                                     ErrUnauthenticated,
+		"rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old": ErrUnauthenticated,
+		"etcdserver: user name is empty":                                                     ErrUnauthenticated,
+		"mvcc: watcher range is empty":                                                       ErrInvalidRequest,
+		"mvcc: duplicate watch ID provided on the WatchStream":                               ErrInvalidRequest,
+		"etcdserver: mvcc: required revision has been compacted":                             ErrCompacted,
+		"": ErrServerCanceled,
+		"rpc error: code = Unavailable desc = etcdserver: no leader": ErrServerCanceled,
+	} {
+		err := classifyReason(reason)
+		if !errors.Is(err, want) || err.Reason != reason {
+			t.Errorf("classifyReason(%q) = %v, want %v", reason, err, want)
+		}
+	}
+}
+
+// fuzzServer plays the etcd side for FuzzDispatcher, synchronously: it reads
+// the dispatcher's outbox and calls its handlers directly, with no goroutine
+// but the watches' pumps and consumers.
+type fuzzServer struct {
+	t       *testing.T
+	d       *dispatcher
+	rev     int64
+	creates []*pb.WatchCreateRequest // unanswered, in order
+	cancels []int64                  // unanswered
+	live    map[int64]string         // server's watches: id -> key
+	ids     []int64                  // live ids in creation order, for picking
+	watches []*Watch
+	wg      sync.WaitGroup // consumers
+}
+
+func (f *fuzzServer) readOutbox() {
+	for _, req := range f.d.outbox {
+		switch {
+		case req.GetCreateRequest() != nil:
+			f.creates = append(f.creates, req.GetCreateRequest())
+		case req.GetCancelRequest() != nil:
+			f.cancels = append(f.cancels, req.GetCancelRequest().WatchId)
+		}
+	}
+	f.d.outbox = nil
+	for { // resume commands from pumps
+		select {
+		case c := <-f.d.s.cmds:
+			f.d.handleCommand(c)
+		default:
+			return
+		}
+	}
+}
+
+func (f *fuzzServer) send(resp *pb.WatchResponse) {
+	if resp.Header == nil {
+		resp.Header = &pb.ResponseHeader{Revision: f.rev}
+	}
+	f.d.handleResponse(resp)
+}
+
+func (f *fuzzServer) pick(b byte) int64 {
+	if len(f.ids) == 0 {
+		return 1 + int64(b)
+	}
+	return f.ids[int(b)%len(f.ids)]
+}
+
+func (f *fuzzServer) forget(id int64) {
+	delete(f.live, id)
+	for i, x := range f.ids {
+		if x == id {
+			f.ids = append(f.ids[:i], f.ids[i+1:]...)
+			return
+		}
+	}
+}
+
+// consume reads w and checks that every event was sent for w: the server
+// writes into each event the key of the watch it was sent to.
+func (f *fuzzServer) consume(w *Watch) {
+	f.wg.Go(func() {
+		var last int64
+		for r := range w.Responses() {
+			if r.Revision < last {
+				f.t.Errorf("watch %q: revision went back from %d to %d", w.req.Key, last, r.Revision)
+			}
+			last = r.Revision
+			for _, e := range r.Events {
+				if string(e.Value) != string(w.req.Key) {
+					f.t.Errorf("watch %q got an event sent for %q", w.req.Key, e.Value)
+				}
+				if e.ModRevision < w.req.Revision {
+					f.t.Errorf("watch %q from %d got revision %d", w.req.Key, w.req.Revision, e.ModRevision)
+				}
+			}
+		}
+	})
+}
+
+func (f *fuzzServer) step(op, arg byte) {
+	f.readOutbox()
+	switch op % 10 {
+	case 0: // a consumer opens a watch
+		r := Key(fmt.Sprint("k", len(f.watches)))
+		if arg%3 == 0 {
+			r = r.FromRevision(f.rev + int64(arg%5))
+		}
+		r.Fragment = arg%2 == 0
+		w := newWatch(f.d.s, r)
+		f.watches = append(f.watches, w)
+		f.consume(w)
+		f.d.handleCreate(w)
+	case 1, 2, 3: // the server answers the oldest create: as asked, refused, or with its own id
+		if len(f.creates) == 0 {
+			return
+		}
+		c := f.creates[0]
+		f.creates = f.creates[1:]
+		id := c.WatchId
+		switch op % 10 {
+		case 2:
+			f.send(&pb.WatchResponse{WatchId: -1, Created: true, Canceled: true, CancelReason: "permission denied"})
+			return
+		case 3:
+			id = 1000 + int64(arg)
+		}
+		if _, dup := f.live[id]; dup {
+			f.send(&pb.WatchResponse{WatchId: -1, Created: true, Canceled: true, CancelReason: "mvcc: duplicate watch ID provided on the WatchStream"})
+			return
+		}
+		f.live[id] = string(c.Key)
+		f.ids = append(f.ids, id)
+		f.send(&pb.WatchResponse{WatchId: id, Created: true})
+	case 4, 5: // events for a live watch, maybe fragmented
+		id := f.pick(arg)
+		key, ok := f.live[id]
+		if !ok {
+			return
+		}
+		f.rev++
+		n := 1 + int(arg%3)
+		resp := &pb.WatchResponse{WatchId: id, Fragment: op%10 == 5 && arg%2 == 0}
+		for range n {
+			resp.Events = append(resp.Events, &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(key), ModRevision: f.rev}})
+		}
+		f.send(resp)
+	case 6: // events for an id nobody created
+		f.rev++
+		f.send(&pb.WatchResponse{WatchId: 500 + int64(arg), Events: []*mvccpb.Event{
+			{Kv: &mvccpb.KeyValue{Key: []byte("stray"), Value: []byte("stray"), ModRevision: f.rev}}}})
+	case 7: // the server ends a watch: compaction, or a reason
+		id := f.pick(arg)
+		if _, ok := f.live[id]; !ok {
+			return
+		}
+		f.forget(id)
+		resp := &pb.WatchResponse{WatchId: id, Canceled: true}
+		if arg%2 == 0 {
+			resp.CompactRevision = f.rev
+		}
+		f.send(resp)
+	case 8: // progress, stream-wide or for one watch
+		id := int64(-1)
+		if arg%2 == 0 {
+			id = f.pick(arg)
+		}
+		f.send(&pb.WatchResponse{WatchId: id})
+	case 9: // a consumer cancels, or the server answers a cancel
+		if arg%2 == 0 && len(f.watches) > 0 {
+			w := f.watches[int(arg/2)%len(f.watches)]
+			if w.end(ErrCanceled, true) {
+				f.d.handleCancel(w)
+			}
+			return
+		}
+		if len(f.cancels) > 0 {
+			id := f.cancels[0]
+			f.cancels = f.cancels[1:]
+			if _, ok := f.live[id]; ok {
+				f.forget(id)
+				f.send(&pb.WatchResponse{WatchId: id, Canceled: true})
+			}
+		}
+	}
+}
+
+// FuzzDispatcher feeds the dispatcher arbitrary sequences of client actions
+// and server responses (two bytes a step: what, and with which argument; see
+// fuzzServer.step). It must never panic, no event may reach a watch it was not
+// sent to, and a watch's revisions never go back. Seeds: testdata/fuzz.
+func FuzzDispatcher(f *testing.F) {
+	f.Fuzz(func(t *testing.T, script []byte) {
+		s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
+		s.opts.bufferLimit = 4
+		d := newDispatcher(s, nil)
+		d.sess = startSession(func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
+		for i := 0; i+1 < len(script); i += 2 {
+			f.step(script[i], script[i+1])
+		}
+		close(s.closing)
+		d.shutdown()
+		s.pumps.Wait()
+		f.wg.Wait()
+		if n := s.stats.watches.Load(); n != 0 {
+			t.Errorf("%d watches still counted after shutdown", n)
+		}
+	})
+}
