@@ -1,0 +1,24 @@
+# etcdwatch: `make test` is the test command CI runs; `make run` the demo.
+GO ?= go
+# The root module and the nested modules that need a real etcd.
+MODULES := . internal/e2e examples
+FUZZTIME ?= 30s
+
+.PHONY: test run fuzz lint
+
+test:
+	@set -e; for m in $(MODULES); do \
+		echo "== $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...); \
+	done
+
+# ARGS passes flags to the example, e.g. make run ARGS="-endpoints 127.0.0.1:2379 -prefix app/"
+run:
+	cd examples && $(GO) run ./prefixwatch $(ARGS)
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDispatcher -fuzztime $(FUZZTIME) .
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done

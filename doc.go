@@ -1,0 +1,37 @@
+// Package etcdwatch is a client for etcd v3 watch streams.
+//
+// etcd serves any number of watches over one bidirectional gRPC Watch stream:
+// the client writes create, cancel and progress requests, and reads a single
+// interleaved stream of responses for all of them. A Stream owns one such
+// gRPC stream through one dispatcher goroutine that matches created responses
+// to creates by order and routes everything else by watch id, so a watch
+// being created is never confused with another watch's events.
+//
+// # Use
+//
+//	conn, _ := grpc.NewClient("127.0.0.1:2379", grpc.WithTransportCredentials(insecure.NewCredentials()))
+//	s, _ := etcdwatch.Open(conn)
+//	defer s.Close()
+//	w, err := s.Watch(ctx, etcdwatch.Prefix("app/"))
+//	for r := range w.Responses() {
+//		for _, e := range r.Events { ... }
+//	}
+//	// w.Err() says why the watch ended.
+//
+// # Guarantees
+//
+//   - Each watch delivers whole revisions, in order, each event once: events
+//     at or below what a watch has delivered are dropped (Stats counts them).
+//   - A watch whose history was compacted ends with *CompactedError; events
+//     are never skipped silently.
+//   - Delivery never blocks the dispatcher. A watch whose consumer stops
+//     reading buffers up to WithBufferLimit events, then is paused on the
+//     server and resumed from its next revision once the consumer has read
+//     half of its backlog; its neighbours are not held up.
+//   - After Watch.Cancel returns, nothing more is delivered.
+//
+// # Concurrency
+//
+// Every method of Stream and Watch is safe for concurrent use. A Watch's
+// Responses channel has one sender at a time and is closed exactly once.
+package etcdwatch

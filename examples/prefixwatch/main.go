@@ -1,0 +1,137 @@
+// Command prefixwatch watches every key under a prefix and prints each
+// event, like `etcdctl watch --prefix`.
+//
+// With -endpoints it watches that etcd. Without, it starts an embedded etcd
+// in a temporary directory, writes a few demo keys and exits once it has
+// shown them arrive.
+//
+//	go run ./prefixwatch                                # demo on an embedded etcd
+//	go run ./prefixwatch -endpoints 127.0.0.1:2379 -prefix app/
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+)
+
+func main() {
+	endpoints := flag.String("endpoints", "", "etcd endpoint host:port; empty starts an embedded etcd with demo writes")
+	prefix := flag.String("prefix", "demo/", "key prefix to watch")
+	rev := flag.Int64("rev", 0, "first revision to show; 0 shows changes from now on")
+	prevKV := flag.Bool("prev-kv", false, "show each event's previous value")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	err := run(ctx, os.Stdout, *endpoints, etcdwatch.Prefix(*prefix).FromRevision(*rev), *prevKV)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, out io.Writer, endpoints string, req etcdwatch.Request, prevKV bool) error {
+	demo := endpoints == ""
+	if demo {
+		dir, err := os.MkdirTemp("", "prefixwatch-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		srv, err := embedded.Start(dir)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		endpoints = srv.Endpoint
+		fmt.Fprintf(out, "started an embedded etcd at %s\n", endpoints)
+	}
+	if strings.Contains(endpoints, ",") {
+		return fmt.Errorf("one endpoint at a time for now, got %q", endpoints)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+
+	stream, err := etcdwatch.Open(conn)
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	if prevKV {
+		req = req.WithPrevKV()
+	}
+	w, err := stream.Watch(ctx, req)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "watching %s (watch id %d)\n", req, w.ID())
+
+	want := 0 // events the demo writes and waits for
+	if demo {
+		n, err := writeDemo(ctx, pb.NewKVClient(conn), string(req.Key))
+		if err != nil {
+			return err
+		}
+		want = n
+	}
+	for r := range w.Responses() {
+		for _, e := range r.Events {
+			printEvent(out, e)
+			want--
+		}
+		if demo && want <= 0 {
+			fmt.Fprintln(out, "demo done: every write arrived")
+			return nil
+		}
+	}
+	return w.Err()
+}
+
+func printEvent(out io.Writer, e etcdwatch.Event) {
+	fmt.Fprintf(out, "%s %s rev=%d\n", e.Type, e.Key, e.ModRevision)
+	if e.Type == etcdwatch.Put {
+		fmt.Fprintf(out, "  value: %s\n", e.Value)
+	}
+	if e.PrevKV != nil {
+		fmt.Fprintf(out, "  previous: %s\n", e.PrevKV.Value)
+	}
+}
+
+// writeDemo creates, changes and deletes a few keys under prefix and returns
+// how many events that makes.
+func writeDemo(ctx context.Context, kv pb.KVClient, prefix string) (int, error) {
+	ops := []*pb.RequestOp{
+		put(prefix+"config/color", "blue"),
+		put(prefix+"config/size", "large"),
+		put(prefix+"config/color", "green"),
+		{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(prefix + "config/size")}}},
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, op := range ops {
+		if _, err := kv.Txn(ctx, &pb.TxnRequest{Success: []*pb.RequestOp{op}}); err != nil {
+			return 0, fmt.Errorf("demo write: %w", err)
+		}
+	}
+	return len(ops), nil
+}
+
+func put(key, value string) *pb.RequestOp {
+	return &pb.RequestOp{Request: &pb.RequestOp_RequestPut{RequestPut: &pb.PutRequest{Key: []byte(key), Value: []byte(value)}}}
+}
