@@ -3,6 +3,7 @@ package etcdwatch
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 
@@ -25,9 +26,12 @@ type dispatcher struct {
 	log   *slog.Logger
 	limit int // options.bufferLimit
 
-	sess     *session
-	sessDead <-chan struct{} // sess.dead while the session is watched, else nil
-	failed   error           // why the stream broke; nil while it is healthy
+	sess      *session  // the gRPC stream now; nil while waiting to reconnect
+	sessStart time.Time // when sess was opened
+	failed    error     // a failure reconnecting cannot fix; nil while the stream is usable
+	backoff   backoff   // delays between reconnections
+	retry     timer     // fires to open the next session
+	live      liveness  // notices a stream that has gone silent
 
 	watches    map[int64]*Watch    // active watches by server id
 	paused     map[*Watch]struct{} // paused watches, waiting for their consumers
@@ -51,30 +55,42 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		paused:     make(map[*Watch]struct{}),
 		cancelling: make(map[int64]struct{}),
 		progress:   progressState{retry: s.opts.progressRetry},
+		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
+		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},
 	}
 }
 
 // run is the dispatcher's loop. It never blocks on anything but its select,
 // and returns when the Stream is closed.
 func (d *dispatcher) run() {
-	d.sess = startSession(d.open)
-	d.sessDead = d.sess.dead
+	d.connect()
 	defer d.shutdown()
 	for {
-		var sendCh chan<- []*pb.WatchRequest
-		if len(d.outbox) > 0 && d.failed == nil {
-			sendCh = d.sess.send
+		var (
+			recv <-chan *pb.WatchResponse
+			send chan<- []*pb.WatchRequest
+			dead <-chan struct{}
+		)
+		if d.sess != nil {
+			recv, dead = d.sess.recv, d.sess.dead
+			if len(d.outbox) > 0 {
+				send = d.sess.send
+			}
 		}
 		select {
 		case c := <-d.s.cmds:
 			d.handleCommand(c)
-		case resp := <-d.sess.recv:
+		case resp := <-recv:
 			d.handleResponse(resp)
-		case sendCh <- d.outbox:
+		case send <- d.outbox:
 			d.outbox = nil
-		case <-d.sessDead:
-			d.handleStreamFailure(d.sess.err)
-		case <-d.progress.timerC:
+		case <-dead:
+			d.handleSessionEnd()
+		case <-d.retry.C:
+			d.connect()
+		case <-d.live.C:
+			d.handleLivenessTick()
+		case <-d.progress.C:
 			d.handleProgressTimeout()
 		case <-d.s.closing:
 			return
@@ -85,8 +101,12 @@ func (d *dispatcher) run() {
 // shutdown ends everything the dispatcher owns, for Close.
 func (d *dispatcher) shutdown() {
 	d.endAll(ErrClosed, true)
-	d.sess.close()
-	d.progress.stopTimer()
+	if d.sess != nil {
+		d.sess.close()
+	}
+	d.retry.stop()
+	d.live.stop()
+	d.progress.stop()
 	for { // commands that arrived too late
 		select {
 		case c := <-d.s.cmds:
@@ -197,11 +217,17 @@ func (d *dispatcher) forget(w *Watch) {
 	}
 	w.state = stateDone
 	w.frag = nil
-	d.s.stats.watches.Add(-1)
+	if !w.probe {
+		d.s.stats.watches.Add(-1)
+	}
 }
 
 // end ends a watch the dispatcher still tracks and forgets it.
 func (d *dispatcher) end(w *Watch, err error, drop bool) {
+	if w.probe {
+		d.forget(w)
+		return
+	}
 	if !w.confirmed {
 		select {
 		case w.created <- err:
@@ -230,16 +256,6 @@ func (d *dispatcher) endAll(err error, drop bool) {
 	d.progress.fail(err)
 }
 
-// handleStreamFailure ends every watch when the gRPC stream breaks.
-// Reconnection is not implemented yet: the Stream then only refuses work.
-func (d *dispatcher) handleStreamFailure(err error) {
-	d.sessDead = nil
-	d.failed = streamError(err)
-	d.outbox = nil
-	d.log.Warn("etcdwatch: watch stream failed", "err", err, "watches", len(d.watches))
-	d.endAll(d.failed, false)
-}
-
 // responseKind is what a response means, before looking at any watch.
 type responseKind uint8
 
@@ -265,6 +281,8 @@ func kindOf(resp *pb.WatchResponse) responseKind {
 
 func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
 	d.s.stats.responses.Add(1)
+	d.s.stats.lastMessage.Store(time.Now().UnixNano())
+	d.live.heard = true
 	switch kindOf(resp) {
 	case kindCreated:
 		d.handleCreated(resp)
@@ -289,7 +307,7 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 	}
 	defer d.flushCreates()
 	if resp.Canceled {
-		if w.abandoned {
+		if w.abandoned || w.probe {
 			d.forget(w)
 			return
 		}
@@ -308,7 +326,7 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 		d.s.stats.idsRewritten.Store(true)
 	}
 	d.s.stats.created.Add(1)
-	if w.abandoned {
+	if w.abandoned || w.probe {
 		d.sendCancel(id)
 		d.forget(w)
 		return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -245,4 +246,20 @@ func FuzzDispatcher(f *testing.F) {
 			t.Errorf("%d watches still counted after shutdown", n)
 		}
 	})
+}
+
+func TestBackoff(t *testing.T) {
+	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	if d := b.next(0); d != 0 {
+		t.Fatalf("first retry waits %v, want 0", d)
+	}
+	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		want *= time.Millisecond
+		if d := b.next(time.Second); d < want/2 || d > want {
+			t.Fatalf("delay %v, want within [%v, %v]", d, want/2, want)
+		}
+	}
+	if d := b.next(healthyPeriod); d != 0 {
+		t.Fatalf("after a healthy stream the retry waits %v, want 0", d)
+	}
 }

@@ -13,18 +13,25 @@ import (
 type Option func(*options)
 
 type options struct {
-	bufferLimit       int
-	progressRetry     time.Duration
-	logger            *slog.Logger
-	callOptions       []grpc.CallOption
-	openStreamForTest opener // nil: a gRPC Watch stream on the connection
+	backoffMin, backoffMax        time.Duration
+	livenessIdle, livenessTimeout time.Duration
+	requireLeader                 bool
+	bufferLimit                   int
+	progressRetry                 time.Duration
+	logger                        *slog.Logger
+	callOptions                   []grpc.CallOption
+	openStreamForTest             opener // nil: a gRPC Watch stream on the connection
 }
 
 func defaultOptions() options {
 	return options{
-		bufferLimit:   1024,
-		progressRetry: 250 * time.Millisecond,
-		logger:        slog.New(slog.DiscardHandler),
+		bufferLimit:     1024,
+		progressRetry:   250 * time.Millisecond,
+		backoffMin:      100 * time.Millisecond,
+		backoffMax:      5 * time.Second,
+		livenessIdle:    30 * time.Second,
+		livenessTimeout: 10 * time.Second,
+		logger:          slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -51,12 +58,40 @@ func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }
 
+// WithReconnectBackoff sets the delays between attempts to replace a broken
+// gRPC stream: the first attempt is immediate, the next wait about min, then
+// twice as long each time up to max, with jitter; after a stream has stayed
+// up for 10s the next failure starts over. Default 100ms and 5s.
+func WithReconnectBackoff(min, max time.Duration) Option {
+	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
+}
+
+// WithLiveness makes the Stream notice a stream that has gone silent, such as
+// one behind a dead connection: after idle without any message it probes the
+// server, and if nothing arrives within timeout it replaces the stream.
+// An idle of 0 turns the checks off. Default 30s and 10s.
+//
+// A probe cannot repair a TCP connection that no longer carries packets:
+// dial with gRPC keepalive for that (Dial does).
+func WithLiveness(idle, timeout time.Duration) Option {
+	return func(o *options) { o.livenessIdle, o.livenessTimeout = idle, timeout }
+}
+
+// WithRequireLeader asks etcd to refuse, and to end, the stream while the
+// member serving it has no leader, so that the Stream moves to a member that
+// has one (the "hasleader" metadata). Default off.
+func WithRequireLeader() Option { return func(o *options) { o.requireLeader = true } }
+
 func (o *options) validate() error {
 	switch {
 	case o.bufferLimit < 1:
 		return fmt.Errorf("%w: WithBufferLimit(%d) must be at least 1", ErrInvalidArgument, o.bufferLimit)
 	case o.progressRetry < time.Millisecond:
 		return fmt.Errorf("%w: WithProgressRetry(%v) must be at least 1ms", ErrInvalidArgument, o.progressRetry)
+	case o.backoffMin <= 0 || o.backoffMax < o.backoffMin:
+		return fmt.Errorf("%w: WithReconnectBackoff(%v, %v) needs 0 < min <= max", ErrInvalidArgument, o.backoffMin, o.backoffMax)
+	case o.livenessIdle < 0 || (o.livenessIdle > 0 && o.livenessTimeout <= 0):
+		return fmt.Errorf("%w: WithLiveness(%v, %v) needs idle >= 0 and, unless idle is 0, timeout > 0", ErrInvalidArgument, o.livenessIdle, o.livenessTimeout)
 	case o.logger == nil:
 		return fmt.Errorf("%w: WithLogger(nil)", ErrInvalidArgument)
 	}

@@ -31,15 +31,14 @@ type progressState struct {
 	waiting  []*progressWaiter // covered by the request in flight
 	next     []*progressWaiter // joined after that request was sent
 	inFlight bool
-	timer    *time.Timer
-	timerC   <-chan time.Time // timer.C while a request is in flight, else nil
+	timer    // runs while a request is in flight
 }
 
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
-	case len(d.watches) == 0:
+	case len(d.watches) == 0 && d.pending.Len() == 0 && d.toCreate.Len() == 0:
 		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progress.inFlight:
 		d.progress.next = append(d.progress.next, p)
@@ -65,7 +64,7 @@ func (d *dispatcher) handleStreamProgress(resp *pb.WatchResponse) {
 		return
 	}
 	p.inFlight = false
-	p.stopTimer()
+	p.stop()
 }
 
 // handleProgressTimeout asks again for everyone still waiting.
@@ -74,7 +73,6 @@ func (d *dispatcher) handleProgressTimeout() {
 	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil }
 	p.waiting = append(slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)...)
 	p.next = nil
-	p.timerC = nil
 	if len(p.waiting) == 0 {
 		p.inFlight = false
 		return
@@ -87,19 +85,23 @@ func (d *dispatcher) sendProgress() {
 		ProgressRequest: &pb.WatchProgressRequest{}}})
 	p := &d.progress
 	p.inFlight = true
-	if p.timer == nil {
-		p.timer = time.NewTimer(p.retry)
-	} else {
-		p.timer.Reset(p.retry)
-	}
-	p.timerC = p.timer.C
+	p.reset(p.retry)
 }
 
-func (p *progressState) stopTimer() {
-	if p.timer != nil {
-		p.timer.Stop()
+// suspend forgets the request in flight when its stream ends; the calls
+// waiting for it wait for the next stream.
+func (p *progressState) suspend() {
+	p.waiting = append(p.waiting, p.next...)
+	p.next = nil
+	p.inFlight = false
+	p.stop()
+}
+
+// resendProgress asks the new stream for progress on behalf of waiting calls.
+func (d *dispatcher) resendProgress() {
+	if len(d.progress.waiting) > 0 {
+		d.sendProgress()
 	}
-	p.timerC = nil
 }
 
 // fail answers every waiting call with err.
@@ -108,5 +110,5 @@ func (p *progressState) fail(err error) {
 		w.reply <- progressResult{err: err}
 	}
 	p.waiting, p.next, p.inFlight = nil, nil, false
-	p.stopTimer()
+	p.stop()
 }

@@ -8,6 +8,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // wireStream is the part of a gRPC Watch stream the dispatcher needs. Tests
@@ -23,6 +24,13 @@ type opener func(ctx context.Context) (wireStream, error)
 func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
 	client := pb.NewWatchClient(conn)
 	return func(ctx context.Context) (wireStream, error) { return client.Watch(ctx, callOpts...) }
+}
+
+// requireLeader makes the server refuse and end streams while it has no leader.
+func requireLeader(open opener) opener {
+	return func(ctx context.Context) (wireStream, error) {
+		return open(metadata.AppendToOutgoingContext(ctx, "hasleader", "true"))
+	}
 }
 
 // session is one wire stream and the two goroutines that move its messages:

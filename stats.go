@@ -1,6 +1,9 @@
 package etcdwatch
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Stats is a snapshot of a Stream's counters. Counts are totals since Open;
 // Watches and Paused are current values.
@@ -16,6 +19,10 @@ type Stats struct {
 	DuplicatesDropped uint64 // events at or below a watch's revision that were dropped
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
+	Reconnects        uint64 // gRPC streams replaced after they ended
+	Resumed           uint64 // watches re-created on a new stream after a reconnect
+	// LastMessage is when the last response arrived; zero before the first.
+	LastMessage time.Time
 }
 
 // counters are written by the dispatcher only and read by Stats.
@@ -24,11 +31,13 @@ type counters struct {
 	created, pauses, resumes     atomic.Uint64
 	responses, events, fragments atomic.Uint64
 	duplicates, unknown          atomic.Uint64
+	reconnects, resumed          atomic.Uint64
+	lastMessage                  atomic.Int64 // UnixNano
 	idsRewritten                 atomic.Bool
 }
 
 func (c *counters) snapshot() Stats {
-	return Stats{
+	s := Stats{
 		Watches:           c.watches.Load(),
 		Paused:            c.paused.Load(),
 		Created:           c.created.Load(),
@@ -40,5 +49,11 @@ func (c *counters) snapshot() Stats {
 		DuplicatesDropped: c.duplicates.Load(),
 		UnknownResponses:  c.unknown.Load(),
 		IDsRewritten:      c.idsRewritten.Load(),
+		Reconnects:        c.reconnects.Load(),
+		Resumed:           c.resumed.Load(),
 	}
+	if ns := c.lastMessage.Load(); ns != 0 {
+		s.LastMessage = time.Unix(0, ns)
+	}
+	return s
 }

@@ -14,6 +14,7 @@ import (
 // never confused with another watch's traffic. Its methods are safe for
 // concurrent use.
 type Stream struct {
+	conn    grpc.ClientConnInterface
 	opts    options
 	cmds    chan any      // typed commands to the dispatcher
 	closing chan struct{} // closed by Close
@@ -42,7 +43,11 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		}
 		open = grpcOpener(conn, o.callOptions)
 	}
+	if o.requireLeader {
+		open = requireLeader(open)
+	}
 	s := &Stream{
+		conn:    conn,
 		opts:    o,
 		cmds:    make(chan any, 64),
 		closing: make(chan struct{}),

@@ -379,21 +379,22 @@ func TestRequestProgressWithoutWatches(t *testing.T) {
 	require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
 }
 
-// TestStreamFailureEndsWatches: until reconnection exists, a broken stream
-// ends every watch with an error that keeps the gRPC status.
-func TestStreamFailureEndsWatches(t *testing.T) {
+// TestFatalStreamErrorEndsWatches: a stream refused for a reason a new
+// stream cannot fix ends every watch with an error that keeps the status.
+func TestFatalStreamErrorEndsWatches(t *testing.T) {
 	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
-	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	h.srv.Close(status.Error(codes.PermissionDenied, "no"))
 	require.Equal(t, int64(2), next(t, w).Revision, "buffered events are still delivered")
 	err := ended(t, w)
 	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
-	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 	_, err = h.s.Watch(context.Background(), etcdwatch.Key("b"))
 	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
 	_, err = h.s.RequestProgress(context.Background())
 	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.Equal(t, uint64(0), h.s.Stats().Reconnects)
 }
 
 // TestCloseEndsEverything: Close ends watches, pending creates and the RPC.

@@ -42,6 +42,7 @@ type Watch struct {
 	reqID     int64   // id asked for in the create in flight
 	fromNow   bool    // created with Revision 0 and not yet confirmed
 	confirmed bool    // the first create succeeded and Stream.Watch was told
+	probe     bool    // a liveness probe, not a user's watch
 	abandoned bool    // ended by its consumer while a create was in flight
 	rev       int64   // every event <= rev has been queued for the consumer
 	frag      []Event // events of a fragmented response awaiting its last piece

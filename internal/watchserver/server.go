@@ -15,6 +15,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 )
 
@@ -125,6 +126,12 @@ func (st *Stream) Recv(t testing.TB) *pb.WatchRequest {
 		t.Fatalf("watchserver: no request within %v", Timeout)
 		return nil
 	}
+}
+
+// Metadata returns the gRPC metadata the client sent with the stream.
+func (st *Stream) Metadata() metadata.MD {
+	md, _ := metadata.FromIncomingContext(st.srv.Context())
+	return md
 }
 
 // Requests returns the channel of the client's requests, for tests that

@@ -1,0 +1,181 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+// reconnectHarness is a harness that keeps its server, for the streams that
+// replace the first one.
+type reconnectHarness struct {
+	*harness
+	server *ws.Server
+}
+
+func newReconnectHarness(t *testing.T, opts ...etcdwatch.Option) *reconnectHarness {
+	t.Helper()
+	server := ws.Start(t)
+	s, err := etcdwatch.Open(server.Dial(t), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return &reconnectHarness{&harness{t: t, s: s, srv: server.Accept(t)}, server}
+}
+
+// cut ends the current stream with a retryable error and returns the new one.
+func (h *reconnectHarness) cut() {
+	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	h.srv = h.server.Accept(h.t)
+}
+
+// confirmCreates reads n creates, confirms them in order at revision rev and
+// indexes them by key.
+func confirmCreates(t *testing.T, st *ws.Stream, n int, rev int64) map[string]*pb.WatchCreateRequest {
+	t.Helper()
+	m := map[string]*pb.WatchCreateRequest{}
+	for range n {
+		c := st.RecvCreate(t)
+		m[string(c.Key)] = c
+		st.Send(t, ws.Created(c.WatchId, rev))
+	}
+	return m
+}
+
+// TestResumeFromNextRevision: after the stream breaks, every watch is
+// re-created on a new stream from the revision after what it delivered
+// (its last event, its last bookmark, or its creation), keeps its channel,
+// and drops what the new stream sends again.
+func TestResumeFromNextRevision(t *testing.T) {
+	h := newReconnectHarness(t)
+	events := h.watch(etcdwatch.Key("events"), 10)
+	marked := h.watch(etcdwatch.Key("marked").FromRevision(5), 10)
+	quiet := h.watch(etcdwatch.Key("quiet"), 30)
+	h.srv.Send(t, ws.Events(events.ID(), 11, ws.Put("events", "v", 11)))
+	h.srv.Send(t, ws.Events(marked.ID(), 11, ws.Put("marked", "v", 5), ws.Put("marked", "v", 6)))
+	h.srv.Send(t, ws.Progress(marked.ID(), 20))
+	require.Equal(t, int64(11), next(t, events).Revision)
+	require.Equal(t, int64(6), next(t, marked).Revision)
+	require.Equal(t, int64(20), next(t, marked).Revision)
+
+	h.cut()
+	c := confirmCreates(t, h.srv, 3, 40)
+	require.Equal(t, int64(12), c["events"].StartRevision, "after events: last event + 1")
+	require.Equal(t, int64(21), c["marked"].StartRevision, "after a bookmark: bookmark + 1")
+	// A watch from now that saw nothing resumes at its created header: etcd
+	// can place a write racing the create at exactly that revision.
+	require.Equal(t, int64(30), c["quiet"].StartRevision)
+	h.srv.Send(t, ws.Events(c["events"].WatchId, 40, ws.Put("events", "old", 11), ws.Put("events", "v", 12)))
+	h.srv.Send(t, ws.Events(c["marked"].WatchId, 40, ws.Put("marked", "v", 21)))
+	r := next(t, events)
+	require.Len(t, r.Events, 1, "the replayed revision 11 must be dropped")
+	require.Equal(t, int64(12), r.Events[0].ModRevision)
+	require.Equal(t, int64(21), next(t, marked).Revision)
+	require.Equal(t, c["quiet"].WatchId, quiet.ID())
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Reconnects)
+	require.Equal(t, uint64(3), st.Resumed)
+	require.Equal(t, uint64(1), st.DuplicatesDropped)
+	require.Nil(t, events.Err())
+}
+
+// TestPendingCreateSurvivesReconnect: a Watch call whose create was in
+// flight when the stream broke is answered on the next stream.
+func TestPendingCreateSurvivesReconnect(t *testing.T) {
+	h := newReconnectHarness(t)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	first := h.srv.RecvCreate(t)
+	require.Equal(t, int64(0), first.StartRevision)
+	h.cut()
+	again := h.srv.RecvCreate(t)
+	require.Equal(t, int64(0), again.StartRevision, "never confirmed, so still from now")
+	h.srv.Send(t, ws.Created(again.WatchId, 3))
+	got := recvResult(t, res)
+	require.NoError(t, got.err)
+	require.Equal(t, again.WatchId, got.w.ID())
+}
+
+// TestRequestProgressSurvivesReconnect: a waiting RequestProgress call asks
+// the new stream.
+func TestRequestProgressSurvivesReconnect(t *testing.T) {
+	h := newReconnectHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 3)
+	got := make(chan int64, 1)
+	go func() {
+		rev, err := h.s.RequestProgress(context.Background())
+		require.NoError(t, err)
+		got <- rev
+	}()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.cut()
+	var sawCreate, sawProgress bool
+	for !sawCreate || !sawProgress {
+		req := h.srv.Recv(t)
+		if c := req.GetCreateRequest(); c != nil {
+			sawCreate = true
+			h.srv.Send(t, ws.Created(c.WatchId, 7))
+		}
+		sawProgress = sawProgress || req.GetProgressRequest() != nil
+	}
+	h.srv.Send(t, ws.Progress(-1, 7))
+	select {
+	case rev := <-got:
+		require.Equal(t, int64(7), rev)
+	case <-time.After(wait):
+		t.Fatal("RequestProgress not answered after reconnect")
+	}
+	require.Equal(t, int64(7), next(t, w).Revision)
+}
+
+// TestSilentStreamIsReplaced: a stream that stops answering is probed, then
+// replaced; its watches carry on over the new one.
+func TestSilentStreamIsReplaced(t *testing.T) {
+	h := newReconnectHarness(t, etcdwatch.WithLiveness(20*time.Millisecond, 50*time.Millisecond))
+	w := h.watch(etcdwatch.Key("a"), 3)
+	// The first probe is answered, as etcd would; the stream stays.
+	probe := h.srv.RecvCreate(t)
+	require.NotEqual(t, "a", string(probe.Key))
+	h.srv.Send(t, ws.Created(probe.WatchId, 3))
+	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t), "the probe watch must be released")
+	// The next probe is not: the stream must be given up.
+	silent := h.srv
+	require.NotEqual(t, "a", string(silent.RecvCreate(t).Key))
+	require.True(t, silent.Ended(t), "silent stream not ended")
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "a", string(c.Key))
+	require.Equal(t, int64(3), c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, 9))
+	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("a", "v", 9)))
+	require.Equal(t, int64(9), next(t, w).Revision)
+	require.Equal(t, uint64(1), h.s.Stats().Reconnects)
+	require.Equal(t, int64(1), h.s.Stats().Watches, "probes are not watches")
+}
+
+// TestRequireLeaderMetadata: WithRequireLeader marks the stream so that etcd
+// refuses it on a member without a leader.
+func TestRequireLeaderMetadata(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithRequireLeader())
+	require.Equal(t, []string{"true"}, h.srv.Metadata().Get("hasleader"))
+	plain := newHarness(t)
+	require.Empty(t, plain.srv.Metadata().Get("hasleader"))
+}
+
+// TestCloseWhileReconnecting: Close during the backoff wait ends cleanly.
+func TestCloseWhileReconnecting(t *testing.T) {
+	h := newReconnectHarness(t, etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
+	w := h.watch(etcdwatch.Key("a"), 3)
+	h.cut() // first retry is immediate
+	h.srv.RecvCreate(t)
+	h.srv.Close(status.Error(codes.Unavailable, "again")) // the second waits an hour
+	require.Eventually(t, func() bool { return h.s.Stats().Reconnects == 2 }, wait, time.Millisecond)
+	require.NoError(t, h.s.Close())
+	require.ErrorIs(t, ended(t, w), etcdwatch.ErrClosed)
+}
