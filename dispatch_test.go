@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -139,7 +140,7 @@ func (f *fuzzServer) consume(w *Watch) {
 
 func (f *fuzzServer) step(op, arg byte) {
 	f.readOutbox()
-	switch op % 10 {
+	switch op % 11 {
 	case 0: // a consumer opens a watch
 		r := Key(fmt.Sprint("k", len(f.watches)))
 		if arg%3 == 0 {
@@ -157,7 +158,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		c := f.creates[0]
 		f.creates = f.creates[1:]
 		id := c.WatchId
-		switch op % 10 {
+		switch op % 11 {
 		case 2:
 			f.send(&pb.WatchResponse{WatchId: -1, Created: true, Canceled: true, CancelReason: "permission denied"})
 			return
@@ -179,7 +180,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		}
 		f.rev++
 		n := 1 + int(arg%3)
-		resp := &pb.WatchResponse{WatchId: id, Fragment: op%10 == 5 && arg%2 == 0}
+		resp := &pb.WatchResponse{WatchId: id, Fragment: op%11 == 5 && arg%2 == 0}
 		for range n {
 			resp.Events = append(resp.Events, &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: []byte(key), Value: []byte(key), ModRevision: f.rev}})
 		}
@@ -221,6 +222,12 @@ func (f *fuzzServer) step(op, arg byte) {
 				f.send(&pb.WatchResponse{WatchId: id, Canceled: true})
 			}
 		}
+	case 10: // the stream breaks; the next one starts with no watches
+		f.d.sess.exit(io.EOF)
+		f.d.handleSessionEnd()
+		f.d.connect()
+		f.creates, f.cancels, f.ids = nil, nil, nil
+		clear(f.live)
 	}
 }
 
@@ -232,8 +239,8 @@ func FuzzDispatcher(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
 		s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
 		s.opts.bufferLimit = 4
-		d := newDispatcher(s, nil)
-		d.sess = startSession(func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+		d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+		d.sess = startSession(d.open)
 		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
 		for i := 0; i+1 < len(script); i += 2 {
 			f.step(script[i], script[i+1])
