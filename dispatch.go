@@ -39,7 +39,9 @@ type dispatcher struct {
 	toCreate   ring.Ring[*Watch]   // creates not yet sent
 	pending    ring.Ring[*Watch]   // creates sent, in request order
 	nextID     int64               // last client-chosen id; ids are never reused on a stream
-	serial     bool                // the server picks its own ids: one create in flight at a time
+	idsTrusted bool                // this stream has echoed a chosen id: creates may be pipelined
+	idsIgnored bool                // this stream picked its own id (a proxy): one create at a time
+	maxRev     int64               // highest header revision seen, for RequestProgress freshness
 	outbox     []*pb.WatchRequest  // requests waiting for the session's sendLoop
 
 	progress progressState
@@ -174,10 +176,14 @@ func (d *dispatcher) handleResume(w *Watch) {
 	d.flushCreates()
 }
 
-// flushCreates sends queued creates: all of them, pipelined, or one at a
-// time once the server has shown it picks its own ids.
+// flushCreates sends queued creates. They are pipelined once the stream
+// has echoed an id the client chose; until then, and for good on a stream
+// that picks its own ids (etcd's gRPC proxy, which also answers some creates
+// out of order), one create is in flight at a time, so that order still
+// matches each answer to its create.
 func (d *dispatcher) flushCreates() {
-	for d.toCreate.Len() > 0 && !(d.serial && d.pending.Len() > 0) {
+	pipeline := d.idsTrusted && !d.idsIgnored
+	for d.toCreate.Len() > 0 && (pipeline || d.pending.Len() == 0) {
 		w, _ := d.toCreate.Pop()
 		if w.abandoned {
 			d.forget(w)
@@ -283,6 +289,7 @@ func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
 	d.s.stats.responses.Add(1)
 	d.s.stats.lastMessage.Store(time.Now().UnixNano())
 	d.live.heard = true
+	d.maxRev = max(d.maxRev, resp.Header.GetRevision())
 	switch kindOf(resp) {
 	case kindCreated:
 		d.handleCreated(resp)
@@ -320,9 +327,12 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 		d.end(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id), kind: ErrServerCanceled}, false)
 		return
 	}
-	if id != w.reqID && !d.serial {
+	switch {
+	case id == w.reqID:
+		d.idsTrusted = true
+	case !d.idsIgnored:
 		d.log.Info("etcdwatch: server picks its own watch ids; creating one watch at a time", "asked", w.reqID, "got", id)
-		d.serial = true
+		d.idsIgnored = true
 		d.s.stats.idsRewritten.Store(true)
 	}
 	d.s.stats.created.Add(1)

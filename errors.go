@@ -44,9 +44,10 @@ var (
 	ErrNoWatches = errors.New("etcdwatch: no watches on the stream")
 )
 
-// CompactedError ends a watch whose next revision was compacted away; events
-// from Revision up to CompactRevision are lost and must be recovered another
-// way (typically a Range at the current revision). It matches ErrCompacted.
+// CompactedError ends a watch whose next revision was compacted away: the
+// changes from Revision to CompactRevision can no longer be watched. To carry
+// on, read the keys with a Range (which reports its revision R), then watch
+// again FromRevision(R+1). It matches ErrCompacted.
 type CompactedError struct {
 	CompactRevision int64 // the oldest revision the server still has
 	Revision        int64 // the revision the watch needed next
@@ -61,7 +62,8 @@ func (e *CompactedError) Is(target error) bool { return target == ErrCompacted }
 
 // ServerError is a create refused or a watch canceled by the server, with the
 // server's reason. It unwraps to ErrPermissionDenied, ErrUnauthenticated,
-// ErrInvalidRequest or ErrServerCanceled.
+// ErrInvalidRequest, ErrCompacted (a create refused as compacted, without a
+// compact revision) or ErrServerCanceled.
 type ServerError struct {
 	Reason string // cancel_reason as the server sent it; may be empty
 	kind   error

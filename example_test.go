@@ -38,7 +38,7 @@ func Example() {
 	}
 	var compacted *etcdwatch.CompactedError
 	if errors.As(w.Err(), &compacted) {
-		fmt.Printf("history before %d is gone: re-read the keys, then watch from there\n", compacted.CompactRevision)
+		fmt.Printf("history before %d is gone: read the keys at a revision R, then watch from R+1\n", compacted.CompactRevision)
 	}
 }
 

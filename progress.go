@@ -10,8 +10,9 @@ import (
 
 // progressWaiter is one RequestProgress call waiting for an answer.
 type progressWaiter struct {
-	ctx   context.Context
-	reply chan progressResult // buffered 1: the dispatcher never waits on it
+	ctx    context.Context
+	minRev int64               // the highest revision the stream had seen when the call began
+	reply  chan progressResult // buffered 1: the dispatcher never waits on it
 }
 
 type progressResult struct {
@@ -21,11 +22,11 @@ type progressResult struct {
 
 // progressState tracks RequestProgress calls. Owned by the dispatcher.
 //
-// An answer satisfies only the calls that joined before the request it may
-// answer was sent, so that the revision is never older than the call. Calls
-// that join while a request is in flight wait for the next one, sent when
-// the answer comes or the retry timer fires (etcd 3.6+ drops a request it
-// cannot answer yet, so a request may never be answered).
+// Answers cannot be matched to requests: etcd 3.6+ drops a request it cannot
+// answer yet, and older servers answer late. So a call that joins while a
+// request is in flight waits for the next request, sent when an answer comes
+// or the retry timer fires; and an answer below the highest revision the
+// stream had seen when a call began is too old for that call, which waits on.
 type progressState struct {
 	retry    time.Duration
 	waiting  []*progressWaiter // covered by the request in flight
@@ -35,10 +36,11 @@ type progressState struct {
 }
 
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
+	p.minRev = d.maxRev
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
-	case len(d.watches) == 0 && d.pending.Len() == 0 && d.toCreate.Len() == 0:
+	case !d.hasWatches():
 		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progress.inFlight:
 		d.progress.next = append(d.progress.next, p)
@@ -55,10 +57,16 @@ func (d *dispatcher) handleStreamProgress(resp *pb.WatchResponse) {
 		d.bookmark(w, resp.Header)
 	}
 	p := &d.progress
+	rev := resp.Header.GetRevision()
+	var stay []*progressWaiter
 	for _, w := range p.waiting {
-		w.reply <- progressResult{rev: resp.Header.GetRevision()}
+		if rev < w.minRev {
+			stay = append(stay, w)
+			continue
+		}
+		w.reply <- progressResult{rev: rev}
 	}
-	p.waiting, p.next = p.next, nil
+	p.waiting, p.next = append(stay, p.next...), nil
 	if len(p.waiting) > 0 {
 		d.sendProgress()
 		return
@@ -73,11 +81,20 @@ func (d *dispatcher) handleProgressTimeout() {
 	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil }
 	p.waiting = append(slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)...)
 	p.next = nil
+	if !d.hasWatches() {
+		p.fail(ErrNoWatches) // etcd answers nothing on a stream without watches
+	}
 	if len(p.waiting) == 0 {
 		p.inFlight = false
 		return
 	}
 	d.sendProgress()
+}
+
+// hasWatches reports whether the server has, or is about to have, a watch on
+// this stream; paused watches do not count.
+func (d *dispatcher) hasWatches() bool {
+	return len(d.watches) > 0 || d.pending.Len() > 0 || d.toCreate.Len() > 0
 }
 
 func (d *dispatcher) sendProgress() {

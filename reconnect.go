@@ -24,6 +24,7 @@ var errSilent = errors.New("etcdwatch: watch stream silent past its liveness tim
 // disconnected go out as soon as its stream is open.
 func (d *dispatcher) connect() {
 	d.sess = startSession(d.open)
+	d.idsTrusted, d.idsIgnored = false, false // the new stream may reach another server
 	d.sessStart = time.Now()
 	d.live.arm()
 	d.flushCreates()

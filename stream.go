@@ -98,11 +98,16 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 	return w, nil
 }
 
-// RequestProgress asks the server for a revision R such that every watch on
-// the stream has delivered all its events <= R, and delivers R to every
-// active watch as a bookmark. etcd 3.6 and later answer only once every watch
-// on the stream has caught up, so the request is repeated (WithProgressRetry)
-// until answered or ctx ends. It returns ErrNoWatches when no watch is active.
+// RequestProgress asks the server for a revision R such that every active
+// watch on the stream has queued all its events <= R, and delivers R to
+// each of them as a bookmark after those events. R is at least the highest
+// revision the stream had seen when the call began. A paused watch (one
+// whose consumer fell behind) is not covered: it catches up after it resumes.
+//
+// etcd 3.6 and later answer only once every watch on the stream has caught
+// up, and never while a watch waits for a future revision, so the request is
+// repeated (WithProgressRetry) until answered or ctx ends: bound ctx. It
+// returns ErrNoWatches when the stream has no watch the server could answer for.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 	p := &progressWaiter{ctx: ctx, reply: make(chan progressResult, 1)}
 	if !s.command(progressCmd{p}) {

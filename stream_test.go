@@ -194,6 +194,7 @@ func TestEventsOfBusyWatchInterleaveWithCreates(t *testing.T) {
 // told apart only by their place among the answers.
 func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 	h := newHarness(t)
+	h.watch(etcdwatch.Key("first"), 1) // from here on the stream is trusted to pipeline
 	keys := []string{"ok1", "deny", "ok2", "dup", "ok3", "token"}
 	results := map[string]<-chan watchResult{}
 	for _, k := range keys {
@@ -231,7 +232,76 @@ func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 		require.NoError(t, got.err, k)
 		require.Equal(t, k, string(next(t, got.w).Events[0].Key))
 	}
-	require.Equal(t, int64(3), h.s.Stats().Watches)
+	require.Equal(t, int64(4), h.s.Stats().Watches)
+}
+
+// TestFirstCreateIsAlone: until the stream has echoed a chosen id, one create
+// is in flight at a time. etcd's gRPC proxy picks its own ids and answers a
+// create that joins a range it already watches before one that does not,
+// so pipelined creates could be matched to the wrong answers.
+func TestFirstCreateIsAlone(t *testing.T) {
+	h := newHarness(t)
+	a := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	b := h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	require.Eventually(t, func() bool { return h.s.Stats().Watches == 2 }, wait, time.Millisecond)
+	go func() { _, _ = h.s.RequestProgress(context.Background()) }()
+	first := h.srv.RecvCreate(t)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before the first was answered")
+	h.srv.Send(t, ws.Created(900, 1)) // the proxy's own id
+	second := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(901, 1))
+	keyOf := map[int64]string{900: string(first.Key), 901: string(second.Key)}
+	for key, res := range map[string]<-chan watchResult{"a": a, "b": b} {
+		got := recvResult(t, res)
+		require.NoError(t, got.err)
+		require.Equal(t, key, keyOf[got.w.ID()])
+	}
+	h.srv.Send(t, ws.Progress(-1, 1))
+}
+
+// TestRequestProgressIgnoresOldAnswers: an answer below what the stream had
+// already seen when the call began is an answer to an older request.
+func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithProgressRetry(time.Hour))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 50, ws.Put("a", "v", 50)))
+	next(t, w)
+	got := make(chan int64, 1)
+	go func() {
+		rev, err := h.s.RequestProgress(context.Background())
+		assert.NoError(t, err)
+		got <- rev
+	}()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 40)) // late answer to a request from before
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "not asked again after a stale answer")
+	h.srv.Send(t, ws.Progress(-1, 60))
+	select {
+	case rev := <-got:
+		require.Equal(t, int64(60), rev)
+	case <-time.After(wait):
+		t.Fatal("RequestProgress did not return")
+	}
+}
+
+// TestRequestProgressWhenLastWatchGoes: etcd never answers a stream without
+// watches, so a waiting call must not wait for ever.
+func TestRequestProgressWhenLastWatchGoes(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithProgressRetry(5*time.Millisecond))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	got := make(chan error, 1)
+	go func() {
+		_, err := h.s.RequestProgress(context.Background())
+		got <- err
+	}()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	w.Cancel()
+	select {
+	case err := <-got:
+		require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
+	case <-time.After(wait):
+		t.Fatal("RequestProgress still waiting on a stream without watches")
+	}
 }
 
 // TestServerChosenIDsAreAdopted: a gRPC proxy ignores the client's ids. The

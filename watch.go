@@ -51,7 +51,7 @@ type Watch struct {
 	// the consumer's Cancel; guarded by mu.
 	mu      sync.Mutex
 	queue   ring.Ring[Response]
-	queued  int           // events in queue, a bookmark counting as one
+	queued  int           // events queued or held by the pump, a bookmark counting as one
 	pumping bool          // a pump goroutine is running and owns sends on out
 	paused  bool          // over the limit: the pump tells the dispatcher when drained
 	ended   bool          // no more pushes are taken
@@ -79,7 +79,7 @@ func newWatch(s *Stream, r Request) *Watch {
 func (w *Watch) ID() int64 { return w.id.Load() }
 
 // Request returns the request the watch was opened with.
-func (w *Watch) Request() Request { return w.req }
+func (w *Watch) Request() Request { return w.req.clone() }
 
 // Responses returns the channel of responses. It is closed once the watch has
 // ended and everything it is going to deliver has been read.
@@ -161,21 +161,21 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 
 // pump feeds queued responses to the consumer, blocking as long as the
 // consumer takes, until the queue is empty, the watch is dropped or the
-// Stream is closing. When the queue of a paused watch falls to half the limit it
-// asks the dispatcher to resume the watch.
+// Stream is closing. When the backlog of a paused watch falls to half the
+// limit it asks the dispatcher to resume the watch.
 func (w *Watch) pump(stop chan struct{}) {
 	defer w.stream.pumps.Done()
 	for {
-		r, resume, ok := w.next()
+		r, ok := w.next()
 		if !ok {
 			return
-		}
-		if resume {
-			w.stream.command(resumeCmd{w})
 		}
 		select {
 		case w.out <- r:
 			w.delivered.Store(r.Revision)
+			if w.taken(r) {
+				w.stream.command(resumeCmd{w})
+			}
 		case <-stop:
 			w.giveUp()
 			return
@@ -184,6 +184,38 @@ func (w *Watch) pump(stop chan struct{}) {
 			return
 		}
 	}
+}
+
+// next returns the head of the queue for the pump; it stays counted against
+// the limit until the consumer takes it. When the queue is empty it ends the
+// pump's run, releasing the buffer and closing the channel if the watch has
+// ended, and reports !ok.
+func (w *Watch) next() (r Response, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok = w.queue.Pop()
+	if !ok {
+		w.pumping = false
+		w.queue.Reset()
+		if w.ended {
+			w.closeOut()
+		}
+	}
+	return r, ok
+}
+
+// taken accounts for a response the consumer has received. It reports
+// whether a paused watch's backlog has fallen to half the limit, so that
+// the watch should resume.
+func (w *Watch) taken(r Response) (resume bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.queued -= size(r)
+	if w.paused && w.queued <= w.stream.opts.bufferLimit/2 {
+		w.paused = false
+		return true
+	}
+	return false
 }
 
 // giveUp ends the pump's run without delivering the backlog, closing the
@@ -197,27 +229,6 @@ func (w *Watch) giveUp() {
 	if w.ended {
 		w.closeOut()
 	}
-}
-
-// next pops the queue for the pump. When the queue is empty it ends the
-// pump's run (closing the channel if the watch has ended) and reports !ok.
-func (w *Watch) next() (r Response, resume, ok bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	r, ok = w.queue.Pop()
-	if !ok {
-		w.pumping = false
-		if w.ended {
-			w.closeOut()
-		}
-		return r, false, false
-	}
-	w.queued -= size(r)
-	if w.paused && w.queued <= w.stream.opts.bufferLimit/2 {
-		w.paused = false
-		resume = true
-	}
-	return r, resume, true
 }
 
 // end marks the watch ended with err, dropping its backlog if drop is set.

@@ -55,7 +55,7 @@ func run(ctx context.Context, out io.Writer, endpoints string, req etcdwatch.Req
 		if err != nil {
 			return err
 		}
-		defer srv.Close()
+		defer srv.Stop()
 		endpoints = srv.Endpoint
 		fmt.Fprintf(out, "started an embedded etcd at %s\n", endpoints)
 	}

@@ -44,7 +44,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	code := m.Run()
-	etcd.Close()
+	etcd.Stop()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
