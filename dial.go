@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	backoffpkg "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -18,7 +19,9 @@ import (
 // up, and a Stream whose member fails (or, with WithRequireLeader, loses its
 // leader) resumes on another. It also turns on gRPC keepalive (10s, 5s
 // timeout; etcd refuses pings more often than every 5s), which is what
-// replaces a TCP connection that silently stopped carrying packets.
+// replaces a TCP connection that silently stopped carrying packets, and
+// reconnects to a member that comes back within 100ms to 3s (gRPC's own
+// default waits from 1s up to 2 minutes).
 //
 // Endpoints are "host:port", optionally with an http:// or https:// scheme.
 // Transport credentials are required in opts (for example
@@ -46,6 +49,10 @@ func Dial(endpoints []string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
 		grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoffpkg.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	}, opts...)
 	return grpc.NewClient(r.Scheme()+":///etcd", opts...)
 }
