@@ -1,6 +1,7 @@
 package etcdwatch
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -314,11 +315,7 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 	}
 	defer d.flushCreates()
 	if resp.Canceled {
-		if w.abandoned || w.probe {
-			d.forget(w)
-			return
-		}
-		d.end(w, classifyReason(resp.CancelReason), false)
+		d.handleRefused(w, classifyReason(resp.CancelReason))
 		return
 	}
 	id := resp.WatchId
@@ -344,10 +341,29 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 	d.activate(w, id, resp.Header.GetRevision())
 }
 
+// handleRefused ends a watch whose create the server refused. A stale auth
+// token is the one refusal a new stream can cure, since the connection's
+// credentials are attached afresh to each stream: the first time, the stream
+// is replaced and the watch tried again on the next one.
+func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
+	switch {
+	case w.abandoned || w.probe:
+		d.forget(w)
+	case errors.Is(err, ErrUnauthenticated) && !w.authRetried:
+		w.authRetried = true
+		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
+		d.toCreate.Push(w)
+		d.sess.exit(errStaleCredentials)
+	default:
+		d.end(w, err, false)
+	}
+}
+
 // activate makes w the active watch for id.
 func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 	w.id.Store(id)
 	w.state = stateActive
+	w.authRetried = false
 	d.watches[id] = w
 	if w.fromNow {
 		// The server starts a "from now" watch just after the revision it

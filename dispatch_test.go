@@ -72,7 +72,22 @@ type fuzzServer struct {
 	wg      sync.WaitGroup // consumers
 }
 
+// reconnect replaces the session if the dispatcher ended it; the next
+// stream starts with no watches.
+func (f *fuzzServer) reconnect() {
+	select {
+	case <-f.d.sess.dead:
+	default:
+		return
+	}
+	f.d.handleSessionEnd()
+	f.d.connect()
+	f.creates, f.cancels, f.ids = nil, nil, nil
+	clear(f.live)
+}
+
 func (f *fuzzServer) readOutbox() {
+	f.reconnect()
 	for _, req := range f.d.outbox {
 		switch {
 		case req.GetCreateRequest() != nil:
@@ -160,7 +175,11 @@ func (f *fuzzServer) step(op, arg byte) {
 		id := c.WatchId
 		switch op % 11 {
 		case 2:
-			f.send(&pb.WatchResponse{WatchId: -1, Created: true, Canceled: true, CancelReason: "permission denied"})
+			reason := "permission denied"
+			if arg%2 == 1 {
+				reason = "etcdserver: invalid auth token"
+			}
+			f.send(&pb.WatchResponse{WatchId: -1, Created: true, Canceled: true, CancelReason: reason})
 			return
 		case 3:
 			id = 1000 + int64(arg)
@@ -187,7 +206,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		f.send(resp)
 	case 6: // events for an id nobody created
 		f.rev++
-		f.send(&pb.WatchResponse{WatchId: 500 + int64(arg), Events: []*mvccpb.Event{
+		f.send(&pb.WatchResponse{WatchId: 1<<40 + int64(arg), Events: []*mvccpb.Event{
 			{Kv: &mvccpb.KeyValue{Key: []byte("stray"), Value: []byte("stray"), ModRevision: f.rev}}}})
 	case 7: // the server ends a watch: compaction, or a reason
 		id := f.pick(arg)
@@ -222,12 +241,9 @@ func (f *fuzzServer) step(op, arg byte) {
 				f.send(&pb.WatchResponse{WatchId: id, Canceled: true})
 			}
 		}
-	case 10: // the stream breaks; the next one starts with no watches
+	case 10: // the stream breaks
 		f.d.sess.exit(io.EOF)
-		f.d.handleSessionEnd()
-		f.d.connect()
-		f.creates, f.cancels, f.ids = nil, nil, nil
-		clear(f.live)
+		f.reconnect()
 	}
 }
 

@@ -17,8 +17,11 @@ import (
 // backoff to start again from its shortest delay.
 const healthyPeriod = 10 * time.Second
 
-// errSilent ends a session whose liveness probe went unanswered.
-var errSilent = errors.New("etcdwatch: watch stream silent past its liveness timeout")
+// Causes with which the dispatcher itself ends a session, to replace it.
+var (
+	errSilent           = errors.New("etcdwatch: watch stream silent past its liveness timeout")
+	errStaleCredentials = errors.New("etcdwatch: watch refused for its credentials")
+)
 
 // connect opens a new session. Creates and progress requests queued while
 // disconnected go out as soon as its stream is open.
@@ -57,7 +60,7 @@ func (d *dispatcher) handleSessionEnd() {
 // with err. Refusals about who the caller is or what it asked are final, and
 // so is a connection its owner has closed.
 func (d *dispatcher) retryable(err error) bool {
-	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) {
+	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) {
 		return true
 	}
 	if c, ok := d.s.conn.(interface{ GetState() connectivity.State }); ok && c.GetState() == connectivity.Shutdown {

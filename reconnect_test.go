@@ -179,3 +179,42 @@ func TestCloseWhileReconnecting(t *testing.T) {
 	require.NoError(t, h.s.Close())
 	require.ErrorIs(t, ended(t, w), etcdwatch.ErrClosed)
 }
+
+// TestStaleTokenGetsOneNewStream: a re-create refused for an invalid auth
+// token is tried once more on a new stream, which carries the connection's
+// current credentials; refused again, the watch ends.
+func TestStaleTokenGetsOneNewStream(t *testing.T) {
+	h := newReconnectHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 3)
+	other := h.watch(etcdwatch.Key("b"), 3)
+	h.cut()
+	// serve answers creates, refusing "a" for its token, until the client
+	// ends the stream or both watches were answered.
+	serve := func(st *ws.Stream) {
+		var refused, created bool
+		for !refused || !created {
+			select {
+			case req, ok := <-st.Requests():
+				if !ok {
+					return
+				}
+				if c := req.GetCreateRequest(); string(c.GetKey()) == "a" {
+					refused = true
+					st.Send(t, ws.CreateFailed("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"))
+				} else if c != nil {
+					created = true
+					st.Send(t, ws.Created(c.WatchId, 5))
+				}
+			case <-time.After(wait):
+				t.Fatal("no create")
+			}
+		}
+	}
+	serve(h.srv)
+	require.True(t, h.srv.Ended(t), "the refused stream was not given up")
+	h.srv = h.server.Accept(t)
+	serve(h.srv)
+	require.ErrorIs(t, ended(t, w), etcdwatch.ErrUnauthenticated)
+	require.Nil(t, other.Err(), "the other watch carries on")
+	require.Equal(t, uint64(2), h.s.Stats().Reconnects)
+}

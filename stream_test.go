@@ -195,7 +195,7 @@ func TestEventsOfBusyWatchInterleaveWithCreates(t *testing.T) {
 func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 	h := newHarness(t)
 	h.watch(etcdwatch.Key("first"), 1) // from here on the stream is trusted to pipeline
-	keys := []string{"ok1", "deny", "ok2", "dup", "ok3", "token"}
+	keys := []string{"ok1", "deny", "ok2", "dup", "ok3", "empty"}
 	results := map[string]<-chan watchResult{}
 	for _, k := range keys {
 		results[k] = h.watchAsync(context.Background(), etcdwatch.Key(k))
@@ -203,7 +203,7 @@ func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 	reasons := map[string]string{
 		"deny":  "rpc error: code = PermissionDenied desc = etcdserver: permission denied",
 		"dup":   "mvcc: duplicate watch ID provided on the WatchStream",
-		"token": "etcdserver: invalid auth token",
+		"empty": "mvcc: watcher range is empty",
 	}
 	var creates []*pb.WatchCreateRequest
 	for range keys {
@@ -218,7 +218,7 @@ func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 		h.srv.Send(t, ws.Events(c.WatchId, 11+int64(i), ws.Put(string(c.Key), "v", 11+int64(i))))
 	}
 	wantKind := map[string]error{
-		"deny": etcdwatch.ErrPermissionDenied, "dup": etcdwatch.ErrInvalidRequest, "token": etcdwatch.ErrUnauthenticated,
+		"deny": etcdwatch.ErrPermissionDenied, "dup": etcdwatch.ErrInvalidRequest, "empty": etcdwatch.ErrInvalidRequest,
 	}
 	for _, k := range keys {
 		got := recvResult(t, results[k])

@@ -38,14 +38,15 @@ type Watch struct {
 	stopCtx func() bool
 
 	// Owned by the dispatcher.
-	state     watchState
-	reqID     int64   // id asked for in the create in flight
-	fromNow   bool    // created with Revision 0 and not yet confirmed
-	confirmed bool    // the first create succeeded and Stream.Watch was told
-	probe     bool    // a liveness probe, not a user's watch
-	abandoned bool    // ended by its consumer while a create was in flight
-	rev       int64   // every event <= rev has been queued for the consumer
-	frag      []Event // events of a fragmented response awaiting its last piece
+	state       watchState
+	reqID       int64   // id asked for in the create in flight
+	fromNow     bool    // created with Revision 0 and not yet confirmed
+	confirmed   bool    // the first create succeeded and Stream.Watch was told
+	probe       bool    // a liveness probe, not a user's watch
+	authRetried bool    // refused for its credentials once; refused again, it ends
+	abandoned   bool    // ended by its consumer while a create was in flight
+	rev         int64   // every event <= rev has been queued for the consumer
+	frag        []Event // events of a fragmented response awaiting its last piece
 
 	// Delivery, shared by the dispatcher (producer), the pump goroutine and
 	// the consumer's Cancel; guarded by mu.
