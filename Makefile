@@ -1,10 +1,13 @@
 # etcdwatch: `make test` is the test command CI runs; `make run` the demo.
 GO ?= go
+SHELL := bash
+.SHELLFLAGS := -eo pipefail -c
 # The root module and the nested modules that need a real etcd.
 MODULES := . internal/e2e examples
 FUZZTIME ?= 30s
+SOAK ?= 5m
 
-.PHONY: test run fuzz lint
+.PHONY: test run fuzz lint soak
 
 test:
 	@set -e; for m in $(MODULES); do \
@@ -15,6 +18,11 @@ test:
 # ARGS passes flags to the example, e.g. make run ARGS="-endpoints 127.0.0.1:2379 -prefix app/"
 run:
 	cd examples && $(GO) run ./prefixwatch $(ARGS)
+
+# A randomized mix of faults against a 3-member cluster for $(SOAK), then a
+# check of every watch's whole history; prints a SOAK line with the totals.
+soak:
+	cd internal/e2e && ETCDWATCH_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 60m . 2>&1 | grep -v '^{"level"'
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDispatcher -fuzztime $(FUZZTIME) .

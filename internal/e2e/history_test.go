@@ -176,6 +176,20 @@ func (w *writer) record(rev int64, ops []plannedOp) {
 	w.txns++
 }
 
+// lastMatching returns the revision of the last change up to upTo that r's
+// watch must deliver, or 0 if there is none.
+func (w *writer) lastMatching(r *recording, upTo int64) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := len(w.events) - 1; i >= 0; i-- {
+		e := w.events[i]
+		if e.rev <= upTo && e.rev >= r.start && matches(r.w.Request(), e) {
+			return e.rev
+		}
+	}
+	return 0
+}
+
 // recording is what one watch delivered over its whole life.
 type recording struct {
 	w     *etcdwatch.Watch
@@ -188,11 +202,17 @@ type recording struct {
 }
 
 // record reads w until its channel closes.
-func record(w *etcdwatch.Watch, start int64) *recording {
+func record(w *etcdwatch.Watch, start int64) *recording { return recordSlowly(w, start, 0) }
+
+// recordSlowly is record with a consumer that takes pause per response.
+func recordSlowly(w *etcdwatch.Watch, start int64, pause time.Duration) *recording {
 	r := &recording{w: w, start: start, done: make(chan struct{})}
 	go func() { // exits when the watch ends; Cancel ends it
 		defer close(r.done)
 		for resp := range w.Responses() {
+			if pause > 0 {
+				time.Sleep(pause) // a slow consumer, on purpose
+			}
 			r.mu.Lock()
 			r.resps = append(r.resps, resp)
 			r.last = max(r.last, resp.Revision)

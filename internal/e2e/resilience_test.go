@@ -61,6 +61,11 @@ func clientFor(t *testing.T, endpoints ...string) *clientv3.Client {
 
 // watchSet is a varied set of watches on one prefix, all from revision start.
 func watchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64) []*recording {
+	return slowWatchSet(t, s, prefix, start, 0)
+}
+
+// slowWatchSet is watchSet with consumers that take pause per response.
+func slowWatchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64, pause time.Duration) []*recording {
 	t.Helper()
 	reqs := []etcdwatch.Request{
 		etcdwatch.Prefix(prefix),
@@ -75,7 +80,7 @@ func watchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64) []*
 	for _, r := range reqs {
 		w, err := s.Watch(ctx(t), r.FromRevision(start))
 		require.NoError(t, err)
-		recs = append(recs, record(w, start))
+		recs = append(recs, recordSlowly(w, start, pause))
 	}
 	return recs
 }
@@ -85,7 +90,9 @@ func watchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64) []*
 func finish(t *testing.T, w *writer, recs []*recording) (events int) {
 	t.Helper()
 	last := w.Stop()
-	waitDelivered(t, last, recs[0])
+	for _, r := range recs {
+		waitDelivered(t, w.lastMatching(r, last), r)
+	}
 	for _, r := range recs {
 		r.w.Cancel()
 		events += w.check(t, r, last)
@@ -119,6 +126,7 @@ func flowingAgain(t *testing.T, s *etcdwatch.Stream, created uint64, n int, w *w
 // TestResumeAcrossConnectionCuts cuts every connection ten times while a
 // writer runs; every watch must deliver its exact history.
 func TestResumeAcrossConnectionCuts(t *testing.T) {
+	leakCheck(t)
 	kv := client(t)
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
@@ -141,6 +149,7 @@ func TestResumeAcrossConnectionCuts(t *testing.T) {
 
 // TestResumeAfterMemberRestart stops and restarts the member a stream is on.
 func TestResumeAfterMemberRestart(t *testing.T) {
+	leakCheck(t)
 	member, err := embedded.Start(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(member.Stop)
@@ -166,6 +175,7 @@ func TestResumeAfterMemberRestart(t *testing.T) {
 // silently stops carrying packets, as when a firewall drops the flow. Nothing
 // reports an error; the stream must notice and recover by itself.
 func TestBlackholedConnectionIsReplaced(t *testing.T) {
+	leakCheck(t)
 	kv := client(t)
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry, etcdwatch.WithLiveness(time.Second, time.Second))
@@ -188,6 +198,7 @@ func TestBlackholedConnectionIsReplaced(t *testing.T) {
 // while it cannot reach the server; it must end with *CompactedError naming
 // both revisions, never skip.
 func TestCompactionWhileDisconnected(t *testing.T) {
+	leakCheck(t)
 	kv := client(t)
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
@@ -222,6 +233,7 @@ func TestCompactionWhileDisconnected(t *testing.T) {
 // TestManyWatchesResumeAfterCut times 5,000 live watches flowing again after
 // every connection is cut.
 func TestManyWatchesResumeAfterCut(t *testing.T) {
+	leakCheck(t)
 	kv := client(t)
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
@@ -271,6 +283,7 @@ func TestManyWatchesResumeAfterCut(t *testing.T) {
 // cluster in turn, the leader first, under a multi-endpoint connection with
 // require-leader; every watch must deliver its exact history.
 func TestMemberKillsInCluster(t *testing.T) {
+	leakCheck(t)
 	members, err := embedded.StartCluster(t.TempDir(), 3)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -312,6 +325,7 @@ func TestMemberKillsInCluster(t *testing.T) {
 // client with auth enabled watches what the user may read, and is refused
 // the rest.
 func TestClientV3ConnectionWithAuth(t *testing.T) {
+	leakCheck(t)
 	member, err := embedded.Start(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(member.Stop)

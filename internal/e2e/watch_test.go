@@ -58,6 +58,7 @@ func collect(t *testing.T, w *etcdwatch.Watch, upTo <-chan int64) *collector {
 // on the same stream. Every watch must get exactly its own events, and the
 // busy watch every write, in order.
 func TestBusyPrefixWhileCreating(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	busy, err := s.Watch(ctx, etcdwatch.Prefix("race/busy/"))
 	require.NoError(t, err)
@@ -141,6 +142,7 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 // TestManyWatchesFromManyGoroutines creates 5,000 watches from 50 goroutines
 // on one stream and checks that each gets the write to its own key.
 func TestManyWatchesFromManyGoroutines(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	const goroutines, each = 50, 100
 	watches := make([]*etcdwatch.Watch, goroutines*each)
@@ -182,6 +184,7 @@ func TestManyWatchesFromManyGoroutines(t *testing.T) {
 // TestCompactedRevision: a watch from a compacted revision is refused with
 // *CompactedError; one from the compaction point onwards works.
 func TestCompactedRevision(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	var revs []int64
 	for i := range 5 {
@@ -212,6 +215,7 @@ func TestCompactedRevision(t *testing.T) {
 
 // TestFiltersAndPrevKV checks event types, filters and previous values.
 func TestFiltersAndPrevKV(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	puts, err := s.Watch(ctx, etcdwatch.Prefix("filter/").WithoutDeletes().WithPrevKV())
 	require.NoError(t, err)
@@ -247,6 +251,7 @@ func TestFiltersAndPrevKV(t *testing.T) {
 // TestFutureRevision: a watch from a revision the store has not reached yet
 // delivers exactly from that revision.
 func TestFutureRevision(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	resp, err := kv.Put(ctx, "future/k", "0")
 	require.NoError(t, err)
@@ -270,6 +275,7 @@ func TestFutureRevision(t *testing.T) {
 // TestFragmentedTransaction: a transaction whose watch response exceeds the
 // server's limit arrives in fragments; the watch delivers it whole.
 func TestFragmentedTransaction(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	w, err := s.Watch(ctx, etcdwatch.Prefix("frag/").WithPrevKV().WithFragment())
 	require.NoError(t, err)
@@ -303,6 +309,7 @@ func TestFragmentedTransaction(t *testing.T) {
 // TestRequestProgress: the answer covers every write made before the call,
 // and every watch gets it as a bookmark after its events.
 func TestRequestProgress(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	var watches []*etcdwatch.Watch
 	for i := range 3 {
@@ -328,6 +335,7 @@ func TestRequestProgress(t *testing.T) {
 // TestStalledConsumerBesideBusyOne: a consumer that stops reading must not
 // hold up a busy watch on the same stream, and loses nothing once it reads.
 func TestStalledConsumerBesideBusyOne(t *testing.T) {
+	leakCheck(t)
 	s, kv, ctx := open(t, etcdwatch.WithBufferLimit(16)), client(t), ctx(t)
 	stalled, err := s.Watch(ctx, etcdwatch.Prefix("stall/s/"))
 	require.NoError(t, err)

@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+)
+
+// TestSoak mixes faults at random for ETCDWATCH_SOAK (a duration, e.g. 5m)
+// against a 3-member cluster while a writer runs, then checks every watch's
+// whole history. `make soak` runs it; `make test` skips it.
+func TestSoak(t *testing.T) {
+	leakCheck(t)
+	d, err := time.ParseDuration(os.Getenv("ETCDWATCH_SOAK"))
+	if err != nil || d <= 0 {
+		t.Skip("set ETCDWATCH_SOAK to a duration to soak")
+	}
+	members, err := embedded.StartCluster(t.TempDir(), 3)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, m := range members {
+			m.Stop()
+		}
+	})
+	var endpoints, proxyAddrs []string
+	var proxies []*faults.Proxy
+	for _, m := range members {
+		endpoints = append(endpoints, m.Endpoint)
+		p := proxied(t, m.Endpoint)
+		proxies = append(proxies, p)
+		proxyAddrs = append(proxyAddrs, p.Addr())
+	}
+	kv := clientFor(t, endpoints...)
+	opts := []etcdwatch.Option{fastRetry, etcdwatch.WithRequireLeader(), etcdwatch.WithLiveness(time.Second, time.Second)}
+	s := openOn(t, proxyAddrs, opts...)
+	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32))...)
+	start := currentRevision(t, kv) + 1
+	// The tight stream's consumers are slower than the writer: they pause.
+	recs := append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 5*time.Millisecond)...)
+	w := startWriter(t, kv, "soak/", 20)
+
+	counts := map[string]int{}
+	faultsList := []struct {
+		name string
+		do   func()
+	}{
+		{"cut-all", func() {
+			for _, p := range proxies {
+				p.Cut()
+			}
+		}},
+		{"cut-one", func() { proxies[rand.IntN(len(proxies))].Cut() }},
+		{"blackhole-one", func() { proxies[rand.IntN(len(proxies))].Blackhole() }},
+		{"restart-member", func() {
+			m := members[rand.IntN(len(members))]
+			m.Stop()
+			require.NoError(t, m.Restart())
+		}},
+		{"compact", func() {
+			low := recs[0].Last()
+			for _, r := range recs {
+				low = min(low, r.Last())
+			}
+			if low > start {
+				_, err := kv.Compact(ctx(t), low)
+				require.NoError(t, err)
+			}
+		}},
+	}
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		progressed(t, recs[0], w.Last())
+		f := faultsList[rand.IntN(len(faultsList))]
+		f.do()
+		counts[f.name]++
+		select {
+		case <-time.After(time.Duration(200+rand.IntN(1800)) * time.Millisecond): // pacing between faults
+		case <-t.Context().Done():
+			return
+		}
+	}
+	progressed(t, recs[0], w.Last())
+	events := finish(t, w, recs)
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	a, b := s.Stats(), tight.Stats()
+	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; pauses %d; duplicates dropped %d",
+		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
+}
