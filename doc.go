@@ -29,6 +29,10 @@
 //     server and resumed from its next revision once the consumer has read
 //     half of its backlog; its neighbours are not held up.
 //   - After Watch.Cancel returns, nothing more is delivered.
+//   - Watches outlive gRPC streams: a stream that fails for a reason a new
+//     stream can cure, or goes silent (WithLiveness), is replaced after a
+//     backoff, and every watch is re-created from its next revision. Dial
+//     builds a connection over several members for failover.
 //
 // # Concurrency
 //
