@@ -44,6 +44,7 @@ type dispatcher struct {
 	idsIgnored bool                // this stream picked its own id (a proxy): one create at a time
 	maxRev     int64               // highest header revision seen, for RequestProgress freshness
 	outbox     []*pb.WatchRequest  // requests waiting for the session's sendLoop
+	frags      map[*Watch][]Event  // events of fragmented responses awaiting their last piece
 
 	progress progressState
 }
@@ -57,6 +58,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		watches:    make(map[int64]*Watch),
 		paused:     make(map[*Watch]struct{}),
 		cancelling: make(map[int64]struct{}),
+		frags:      make(map[*Watch][]Event),
 		progress:   progressState{retry: s.opts.progressRetry},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
 		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},
@@ -115,7 +117,7 @@ func (d *dispatcher) shutdown() {
 		case c := <-d.s.cmds:
 			switch c := c.(type) {
 			case createCmd:
-				c.w.created <- ErrClosed
+				c.w.tellCreated(ErrClosed)
 				c.w.end(ErrClosed, true)
 			case progressCmd:
 				c.p.reply <- progressResult{err: ErrClosed}
@@ -141,7 +143,7 @@ func (d *dispatcher) handleCommand(c any) {
 
 func (d *dispatcher) handleCreate(w *Watch) {
 	if d.failed != nil {
-		w.created <- d.failed
+		w.tellCreated(d.failed)
 		w.end(d.failed, true)
 		return
 	}
@@ -223,7 +225,7 @@ func (d *dispatcher) forget(w *Watch) {
 		d.s.stats.paused.Add(-1)
 	}
 	w.state = stateDone
-	w.frag = nil
+	delete(d.frags, w)
 	if !w.probe {
 		d.s.stats.watches.Add(-1)
 	}
@@ -235,12 +237,7 @@ func (d *dispatcher) end(w *Watch, err error, drop bool) {
 		d.forget(w)
 		return
 	}
-	if !w.confirmed {
-		select {
-		case w.created <- err:
-		default:
-		}
-	}
+	w.tellCreated(err)
 	w.end(err, drop)
 	d.forget(w)
 }
@@ -374,10 +371,7 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 		w.rev = max(headerRev-1, 0)
 		w.delivered.Store(w.rev)
 	}
-	if !w.confirmed {
-		w.confirmed = true
-		w.created <- nil
-	}
+	w.tellCreated(nil)
 }
 
 // handleCanceled ends the watch the server canceled, or settles a cancel of ours.
@@ -412,14 +406,14 @@ func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
 		d.bookmark(w, resp.Header)
 		return
 	}
-	events, skipped := appendEvents(w.frag, resp.Events, w.rev)
+	events, skipped := appendEvents(d.frags[w], resp.Events, w.rev)
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
-		w.frag = events
+		d.frags[w] = events
 		d.s.stats.fragments.Add(1)
 		return
 	}
-	w.frag = nil
+	delete(d.frags, w)
 	if len(events) == 0 {
 		return
 	}
@@ -444,7 +438,7 @@ func (d *dispatcher) dropUnknown(id int64, live bool) {
 // bookmark delivers a progress notification at the header's revision.
 func (d *dispatcher) bookmark(w *Watch, h *pb.ResponseHeader) {
 	rev := h.GetRevision()
-	if rev < w.rev || len(w.frag) > 0 {
+	if _, inside := d.frags[w]; rev < w.rev || inside {
 		return // behind the watch (a future start revision), or inside a fragmented revision
 	}
 	w.rev = rev
@@ -466,7 +460,7 @@ func (d *dispatcher) pause(w *Watch) {
 	delete(d.watches, id)
 	d.sendCancel(id)
 	w.state = statePaused
-	w.frag = nil
+	delete(d.frags, w)
 	d.paused[w] = struct{}{}
 	d.s.stats.paused.Add(1)
 	d.s.stats.pauses.Add(1)

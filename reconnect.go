@@ -86,17 +86,16 @@ func (d *dispatcher) requeueAll() {
 			if w.probe {
 				continue // it spoke for the old stream
 			}
-			w.frag = nil
 			q.Push(w)
 		}
 	}
 	for _, w := range d.watches {
 		w.state = stateCreating
-		w.frag = nil
 		q.Push(w)
 		d.s.stats.resumed.Add(1)
 	}
 	clear(d.watches)
+	clear(d.frags)
 	d.toCreate = q
 	d.progress.suspend()
 }

@@ -74,11 +74,13 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 		return nil, err
 	}
 	w := newWatch(s, r.clone())
+	created := make(chan error, 1)
+	w.created = created // the dispatcher's from here on
 	if !s.command(createCmd{w}) {
 		return nil, ErrClosed
 	}
 	select {
-	case err := <-w.created:
+	case err := <-created:
 		if err != nil {
 			return nil, err
 		}
@@ -87,6 +89,9 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 		return nil, context.Cause(ctx)
 	case <-s.done:
 		return nil, ErrClosed
+	}
+	if ctx.Done() == nil {
+		return w, nil // a context that never ends needs no watching
 	}
 	stop := context.AfterFunc(ctx, func() { w.cancelWith(context.Cause(ctx)) })
 	w.mu.Lock()

@@ -31,22 +31,20 @@ type Watch struct {
 	id        atomic.Int64 // server's id for the watch; written by the dispatcher
 	delivered atomic.Int64 // Revision(); written by whoever hands a Response to the consumer
 
-	out     chan Response // Responses(); closed with done, by closeOut
-	done    chan struct{}
-	err     error      // why the watch ended; written before done is closed
-	created chan error // dispatcher -> Stream.Watch: outcome of the first create
-	stopCtx func() bool
+	out     chan Response // Responses(); closed exactly once, by closeOut
+	err     error         // why the watch ended; written before over is set
+	over    atomic.Bool   // out is closed (or about to be): Err may read err
+	stopCtx func() bool   // releases the context's AfterFunc; nil if none
 
 	// Owned by the dispatcher.
+	created     chan error // to Stream.Watch, the first create's outcome; nil once told
 	state       watchState
-	reqID       int64   // id asked for in the create in flight
-	fromNow     bool    // created with Revision 0 and not yet confirmed
-	confirmed   bool    // the first create succeeded and Stream.Watch was told
-	probe       bool    // a liveness probe, not a user's watch
-	authRetried bool    // refused for its credentials once; refused again, it ends
-	abandoned   bool    // ended by its consumer while a create was in flight
-	rev         int64   // every event <= rev has been queued for the consumer
-	frag        []Event // events of a fragmented response awaiting its last piece
+	reqID       int64 // id asked for in the create in flight
+	fromNow     bool  // created with Revision 0 and not yet confirmed
+	probe       bool  // a liveness probe, not a user's watch
+	authRetried bool  // refused for its credentials once; refused again, it ends
+	abandoned   bool  // ended by its consumer while a create was in flight
+	rev         int64 // every event <= rev has been queued for the consumer
 
 	// Delivery, shared by the dispatcher (producer), the pump goroutine and
 	// the consumer's Cancel; guarded by mu.
@@ -58,15 +56,17 @@ type Watch struct {
 	ended   bool          // no more pushes are taken
 	dropped bool          // the backlog was thrown away
 	stop    chan struct{} // closed to make the running pump give up
+	done    chan struct{} // Done(); made on first call, closed by closeOut
 }
+
+// closed is a closed channel, Done's answer once a watch without one has ended.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 func newWatch(s *Stream, r Request) *Watch {
 	w := &Watch{
 		stream:  s,
 		req:     r,
 		out:     make(chan Response),
-		done:    make(chan struct{}),
-		created: make(chan error, 1),
 		fromNow: r.Revision == 0,
 		rev:     max(r.Revision-1, 0),
 	}
@@ -87,18 +87,26 @@ func (w *Watch) Request() Request { return w.req.clone() }
 func (w *Watch) Responses() <-chan Response { return w.out }
 
 // Done is closed when Responses is closed.
-func (w *Watch) Done() <-chan struct{} { return w.done }
+func (w *Watch) Done() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done == nil {
+		if w.over.Load() {
+			return closed
+		}
+		w.done = make(chan struct{}) // made on demand: an idle watch need not carry it
+	}
+	return w.done
+}
 
 // Err returns nil while the watch runs, then why it ended: ErrCanceled, the
 // context's cause, ErrClosed, a *CompactedError, a *ServerError, or an error
-// wrapping ErrStreamFailed.
+// wrapping ErrStreamFailed. Once Responses is closed, Err is set.
 func (w *Watch) Err() error {
-	select {
-	case <-w.done:
+	if w.over.Load() {
 		return w.err
-	default:
-		return nil
 	}
+	return nil
 }
 
 // Revision returns a revision R such that every event of this watch with a
@@ -117,7 +125,17 @@ func (w *Watch) cancelWith(err error) {
 	if w.end(err, true) {
 		w.stream.command(cancelCmd{w})
 	}
-	<-w.done
+	<-w.Done()
+}
+
+// tellCreated gives Stream.Watch the outcome of the first create, once; the
+// channel is dropped then, so that a running watch does not carry it.
+// Called by the dispatcher.
+func (w *Watch) tellCreated(err error) {
+	if w.created != nil {
+		w.created <- err // buffered: never blocks
+		w.created = nil
+	}
 }
 
 // size is how much of the buffer limit a response takes.
@@ -262,8 +280,11 @@ func (w *Watch) end(err error, drop bool) bool {
 
 // closeOut closes the consumer's channels. Called with mu held, exactly once:
 // by end when no pump runs, otherwise by the pump as it finishes.
-// done goes first, so that a consumer who sees out closed finds Err set.
+// over goes first, so that a consumer who sees out closed finds Err set.
 func (w *Watch) closeOut() {
-	close(w.done)
+	w.over.Store(true)
+	if w.done != nil {
+		close(w.done)
+	}
 	close(w.out)
 }

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// spec is one watch to open: a key or a prefix.
+type spec struct {
+	key    string
+	prefix bool
+}
+
+// sink receives a watch's events: how many, the last one's revision and
+// value. It is called from any goroutine, never concurrently for one watch.
+// A nil sink leaves the watches idle, with no consumer.
+type sink func(watch, events int, rev int64, value []byte)
+
+// contender is a watch client under test. watch opens every spec on one
+// stream over conn and returns once the server has confirmed them all.
+type contender interface {
+	name() string
+	watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (stop func(), err error)
+}
+
+// etcdwatchClient is this repository's client.
+type etcdwatchClient struct{ opts []etcdwatch.Option }
+
+func (etcdwatchClient) name() string { return "etcdwatch" }
+
+func (c etcdwatchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
+	s, err := etcdwatch.Open(conn, c.opts...)
+	if err != nil {
+		return nil, err
+	}
+	watches := make([]*etcdwatch.Watch, len(specs))
+	err = parallel(len(specs), func(i int) error {
+		r := etcdwatch.Key(specs[i].key)
+		if specs[i].prefix {
+			r = etcdwatch.Prefix(specs[i].key)
+		}
+		w, err := s.Watch(ctx, r)
+		watches[i] = w
+		return err
+	})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for i, w := range watches {
+		if out == nil {
+			break // idle watches: no consumers
+		}
+		wg.Go(func() { // the application's consumer; ends when the Stream closes
+			for r := range w.Responses() {
+				if n := len(r.Events); n > 0 {
+					out(i, n, r.Events[n-1].ModRevision, r.Events[n-1].Value)
+				}
+			}
+		})
+	}
+	return func() { s.Close(); wg.Wait() }, nil
+}
+
+// clientv3Client is the official client with its default settings: every
+// watch of a Watcher on one stream.
+type clientv3Client struct {
+	// endpoints, when set, make it a clientv3.New client of its own, as an
+	// application would have; otherwise its Watcher runs on the shared conn.
+	endpoints []string
+}
+
+func (clientv3Client) name() string { return "clientv3" }
+
+func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
+	var (
+		w       clientv3.Watcher
+		closeFn func()
+	)
+	if len(c.endpoints) > 0 {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: c.endpoints})
+		if err != nil {
+			return nil, err
+		}
+		w, closeFn = cli.Watcher, func() { cli.Close() }
+	} else {
+		w = clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), clientv3.NewCtxClient(context.Background()))
+		closeFn = func() { w.Close() }
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	chans := make([]clientv3.WatchChan, len(specs))
+	for i, s := range specs {
+		opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+		if s.prefix {
+			opts = append(opts, clientv3.WithPrefix())
+		}
+		chans[i] = w.Watch(wctx, s.key, opts...)
+	}
+	for i, ch := range chans { // the created notification comes first
+		select {
+		case r, ok := <-ch:
+			if !ok || !r.Created {
+				cancel()
+				closeFn()
+				return nil, fmt.Errorf("clientv3 watch %d not created: %v", i, r.Err())
+			}
+		case <-ctx.Done():
+			cancel()
+			closeFn()
+			return nil, ctx.Err()
+		}
+	}
+	var wg sync.WaitGroup
+	for i, ch := range chans {
+		if out == nil {
+			break
+		}
+		wg.Go(func() {
+			for r := range ch {
+				if n := len(r.Events); n > 0 {
+					e := r.Events[n-1]
+					out(i, n, e.Kv.ModRevision, e.Kv.Value)
+				}
+			}
+		})
+	}
+	return func() {
+		if out == nil { // clientv3 blocks closing watches whose channels nobody reads
+			for _, ch := range chans {
+				wg.Go(func() {
+					for range ch {
+					}
+				})
+			}
+		}
+		closeFn() // before cancel: clientv3 can hang closing watches whose shared context ended
+		cancel()
+		wg.Wait()
+	}, nil
+}
+
+// parallel runs f(0..n-1) on 64 goroutines and returns the first error.
+func parallel(n int, f func(i int) error) error {
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+		next  = make(chan int)
+	)
+	for range min(n, 64) {
+		wg.Go(func() {
+			for i := range next {
+				if err := f(i); err != nil {
+					once.Do(func() { first = err })
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return first
+}

@@ -1,0 +1,172 @@
+// Command bench measures etcdwatch beside the official client (clientv3)
+// and a minimal hand-written client on the raw gRPC API (raw), in one
+// process run, alternating contenders over several repetitions. It prints
+//
+//	BENCH <workload> <contender> <metric>=<median> (min <min> max <max>) ...
+//	RATIO <workload> <metric> etcdwatch/clientv3=<x> etcdwatch/raw=<y>
+//
+// Run it with `make bench`; flags set the sizes.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+)
+
+var (
+	reps          = flag.Int("reps", 3, "repetitions of each workload per contender")
+	workloadsFlag = flag.String("workloads", "create,resume,fanout,clientonly,memory", "workloads to run, comma-separated")
+	createN       = flag.Int("create", 10000, "create: watches to open")
+	resumeN       = flag.Int("resume", 5000, "resume: live watches cut and resumed")
+	fanoutN       = flag.Int("fanout", 1000, "fanout: watches on one key")
+	fanoutPuts    = flag.Int("fanout-puts", 300, "fanout: puts to that key")
+	events100     = flag.Int("events100", 2000000, "clientonly: events sent 100 to a response")
+	events1       = flag.Int("events1", 200000, "clientonly: events sent 1 to a response")
+	memoryN       = flag.Int("memory", 10000, "memory: idle watches")
+	memoryChildOf = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
+)
+
+// result is one run's metrics.
+type result map[string]float64
+
+// workload runs once for a contender; rep numbers the repetition.
+type workload struct {
+	name string
+	run  func(c contender, rep int) (result, error)
+	// higher says which metrics are better when larger (for the ratios'
+	// reading); the others are better smaller.
+	metrics []string
+}
+
+var etcdEndpoint string
+
+func main() {
+	flag.Parse()
+	if *memoryChildOf != "" {
+		for _, c := range []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}} {
+			if c.name() == *memoryChildOf {
+				memoryChild(c)
+				return
+			}
+		}
+		check(fmt.Errorf("no contender %q", *memoryChildOf))
+	}
+	dir, err := os.MkdirTemp("", "etcdwatch-bench-")
+	check(err)
+	defer os.RemoveAll(dir)
+	srv, err := embedded.Start(dir)
+	check(err)
+	defer srv.Stop()
+	etcdEndpoint = srv.Endpoint
+	fmt.Printf("# %s, %d CPUs, GOMAXPROCS %d, %d repetitions, contenders alternating\n", runtime.Version(), runtime.NumCPU(), runtime.GOMAXPROCS(0), *reps)
+
+	all := []workload{
+		{"create", runCreate, []string{"seconds", "watches_per_s"}},
+		{"resume", runResume, []string{"seconds"}},
+		{"fanout", runFanout, []string{"events_per_s", "p50_ms", "p99_ms"}},
+		{"clientonly", runClientOnly, []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}},
+		{"memory", runMemory, []string{"bytes_per_watch", "goroutines_per_watch"}},
+	}
+	want := strings.Split(*workloadsFlag, ",")
+	for _, w := range all {
+		if slices.Contains(want, w.name) {
+			runWorkload(w)
+		}
+	}
+}
+
+func runWorkload(w workload) {
+	contenders := []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}}
+	results := map[string][]result{}
+	for rep := range *reps {
+		for k := range contenders { // rotate the order each repetition
+			c := contenders[(k+rep)%len(contenders)]
+			r, err := w.run(c, rep)
+			if err != nil {
+				fmt.Printf("# %s %s rep %d failed: %v\n", w.name, c.name(), rep, err)
+				continue
+			}
+			results[c.name()] = append(results[c.name()], r)
+			runtime.GC()
+		}
+	}
+	medians := map[string]map[string]float64{}
+	for _, c := range contenders {
+		rs := results[c.name()]
+		if len(rs) == 0 {
+			continue
+		}
+		medians[c.name()] = map[string]float64{}
+		line := fmt.Sprintf("BENCH %s %s", w.name, c.name())
+		for _, m := range w.metrics {
+			var vs []float64
+			for _, r := range rs {
+				vs = append(vs, r[m])
+			}
+			slices.Sort(vs)
+			med := vs[len(vs)/2]
+			medians[c.name()][m] = med
+			line += fmt.Sprintf(" %s=%s (min %s max %s)", m, num(med), num(vs[0]), num(vs[len(vs)-1]))
+		}
+		fmt.Println(line)
+	}
+	for _, m := range w.metrics {
+		e := medians["etcdwatch"][m]
+		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s\n", w.name, m,
+			ratio(e, medians["clientv3"][m]), ratio(e, medians["raw"][m]))
+	}
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+func num(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 1:
+		return fmt.Sprintf("%.3g", v)
+	default:
+		return fmt.Sprintf("%.3g", v)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// dial returns a plain gRPC connection to addr.
+func dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// withEndpoint gives clientv3 a client of its own on addr, as an
+// application would have; the other contenders use conn.
+func withEndpoint(c contender, addr string) contender {
+	if _, ok := c.(clientv3Client); ok {
+		return clientv3Client{endpoints: []string{addr}}
+	}
+	return c
+}
+
+func timeout() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 5*time.Minute)
+}
