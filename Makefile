@@ -3,11 +3,11 @@ GO ?= go
 SHELL := bash
 .SHELLFLAGS := -eo pipefail -c
 # The root module and the nested modules that need a real etcd.
-MODULES := . internal/e2e examples
+MODULES := . internal/e2e examples internal/bench
 FUZZTIME ?= 30s
 SOAK ?= 5m
 
-.PHONY: test run fuzz lint soak
+.PHONY: test run fuzz lint soak bench
 
 test:
 	@set -e; for m in $(MODULES); do \
@@ -23,6 +23,12 @@ run:
 # check of every watch's whole history; prints a SOAK line with the totals.
 soak:
 	cd internal/e2e && ETCDWATCH_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 60m . 2>&1 | grep -v '^{"level"'
+
+# raw, clientv3 and etcdwatch side by side; BENCH and RATIO lines. Sizes by
+# flags: make bench ARGS="-reps 5 -create 20000". Go benchmarks of the
+# dispatcher's hot paths: go test -bench . -benchmem (benchstat-friendly).
+bench:
+	cd internal/bench && $(GO) run . $(ARGS) 2>&1 | grep -v '^{"level"'
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDispatcher -fuzztime $(FUZZTIME) .

@@ -87,6 +87,7 @@ func (d *dispatcher) run() {
 			d.handleCommand(c)
 		case resp := <-recv:
 			d.handleResponse(resp)
+			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
 		case <-dead:
@@ -98,6 +99,23 @@ func (d *dispatcher) run() {
 		case <-d.progress.C:
 			d.handleProgressTimeout()
 		case <-d.s.closing:
+			return
+		}
+	}
+}
+
+// drainBatch bounds how many waiting responses the loop takes in a row
+// before it looks at commands and timers again.
+const drainBatch = 64
+
+// drainResponses handles responses that are already waiting, through a
+// select far cheaper than the loop's.
+func (d *dispatcher) drainResponses(recv <-chan *pb.WatchResponse) {
+	for range drainBatch {
+		select {
+		case resp := <-recv:
+			d.handleResponse(resp)
+		default:
 			return
 		}
 	}

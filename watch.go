@@ -138,6 +138,9 @@ func (w *Watch) tellCreated(err error) {
 	}
 }
 
+// keptQueue is the largest queue buffer a watch keeps once drained.
+const keptQueue = 4
+
 // size is how much of the buffer limit a response takes.
 func size(r Response) int { return max(len(r.Events), 1) }
 
@@ -167,7 +170,9 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 	w.queued += size(r)
 	if !w.pumping {
 		w.pumping = true
-		w.stop = make(chan struct{})
+		if w.stop == nil {
+			w.stop = make(chan struct{}) // kept: closed only when the backlog is dropped for good
+		}
 		w.stream.pumps.Add(1)
 		go w.pump(w.stop) // exits when the queue is empty or stop closes; Close waits on stream.pumps
 	}
@@ -215,7 +220,9 @@ func (w *Watch) next() (r Response, ok bool) {
 	r, ok = w.queue.Pop()
 	if !ok {
 		w.pumping = false
-		w.queue.Reset()
+		if w.queue.Cap() > keptQueue {
+			w.queue.Reset() // a large backlog's buffer goes; a small one stays for the next burst
+		}
 		if w.ended {
 			w.closeOut()
 		}

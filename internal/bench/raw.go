@@ -36,45 +36,52 @@ func (rawClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec,
 }
 
 type rawRun struct {
-	client  pb.WatchClient
-	specs   []spec
-	out     sink
-	next    []int64 // per watch: the revision to resume from; 0 for "now"
-	created chan error
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	client    pb.WatchClient
+	specs     []spec
+	out       sink
+	next      []int64    // per watch: the revision to resume from; 0 for "now"
+	created   chan error // the first stream's outcome
+	confirmed bool       // every watch was confirmed once; later failures are retried
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 func (r *rawRun) stop() { r.cancel(); r.wg.Wait() }
 
 // loop runs streams until stopped, re-creating every watch on each.
 func (r *rawRun) loop() {
-	first := true
 	for r.ctx.Err() == nil {
-		err := r.stream(first)
-		if first && err != nil {
+		if err := r.stream(); !r.confirmed && err != nil {
 			r.created <- err
 			return
 		}
-		first = false
 	}
 }
 
-func (r *rawRun) stream(first bool) error {
-	ws, err := r.client.Watch(r.ctx)
+func (r *rawRun) stream() error {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	ws, err := r.client.Watch(ctx)
 	if err != nil {
 		return err
 	}
-	for i, s := range r.specs {
-		c := &pb.WatchCreateRequest{Key: []byte(s.key), WatchId: int64(i + 1), StartRevision: r.next[i]}
-		if s.prefix {
-			c.RangeEnd = prefixEnd(s.key)
+	// Send from a goroutine of its own: sending every create before reading
+	// any answer would deadlock once flow control fills up.
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for i, s := range r.specs {
+			c := &pb.WatchCreateRequest{Key: []byte(s.key), WatchId: int64(i + 1), StartRevision: r.next[i]}
+			if s.prefix {
+				c.RangeEnd = prefixEnd(s.key)
+			}
+			if ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}) != nil {
+				return
+			}
 		}
-		if err := ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}); err != nil {
-			return err
-		}
-	}
+	}()
+	defer func() { cancel(); <-sent }()
 	confirmed := 0
 	for {
 		resp, err := ws.Recv()
@@ -88,7 +95,8 @@ func (r *rawRun) stream(first bool) error {
 			if i := resp.WatchId - 1; r.next[i] == 0 {
 				r.next[i] = resp.Header.GetRevision() + 1
 			}
-			if confirmed++; confirmed == len(r.specs) && first {
+			if confirmed++; confirmed == len(r.specs) && !r.confirmed {
+				r.confirmed = true
 				r.created <- nil
 			}
 			continue

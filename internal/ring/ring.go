@@ -9,6 +9,9 @@ type Ring[T any] struct {
 	n    int // number of elements
 }
 
+// Cap returns how many elements the buffer holds before it grows.
+func (r *Ring[T]) Cap() int { return len(r.buf) }
+
 // Len returns the number of queued elements.
 func (r *Ring[T]) Len() int { return r.n }
 
