@@ -85,6 +85,7 @@ func (d *dispatcher) run() {
 		select {
 		case c := <-d.s.cmds:
 			d.handleCommand(c)
+			d.drainCommands()
 		case resp := <-recv:
 			d.handleResponse(resp)
 			d.drainResponses(recv)
@@ -109,12 +110,25 @@ func (d *dispatcher) run() {
 const drainBatch = 64
 
 // drainResponses handles responses that are already waiting, through a
-// select far cheaper than the loop's.
+// select far cheaper than the loop's. A burst of them then costs one
+// wake-up of the loop, not one each.
 func (d *dispatcher) drainResponses(recv <-chan *pb.WatchResponse) {
 	for range drainBatch {
 		select {
 		case resp := <-recv:
 			d.handleResponse(resp)
+		default:
+			return
+		}
+	}
+}
+
+// drainCommands handles commands that are already waiting, likewise.
+func (d *dispatcher) drainCommands() {
+	for range drainBatch {
+		select {
+		case c := <-d.s.cmds:
+			d.handleCommand(c)
 		default:
 			return
 		}
