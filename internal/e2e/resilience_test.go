@@ -100,6 +100,10 @@ func finish(t *testing.T, w *writer, recs []*recording) (events int) {
 	return events
 }
 
+// unique returns a key prefix no earlier run used on the shared member, for
+// tests whose writer must know every key under its prefix (-count=N).
+func unique(name string) string { return fmt.Sprintf("%s-%d/", name, time.Now().UnixNano()) }
+
 // currentRevision returns the store's revision now.
 func currentRevision(t *testing.T, kv *clientv3.Client) int64 {
 	t.Helper()
@@ -131,8 +135,9 @@ func TestResumeAcrossConnectionCuts(t *testing.T) {
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
 	start := currentRevision(t, kv) + 1
-	recs := watchSet(t, s, "cuts/", start)
-	w := startWriter(t, kv, "cuts/", 10)
+	prefix := unique("cuts")
+	recs := watchSet(t, s, prefix, start)
+	w := startWriter(t, kv, prefix, 10)
 	const cuts = 10
 	progressed(t, recs[0], w.Last())
 	for range cuts {
@@ -180,12 +185,17 @@ func TestBlackholedConnectionIsReplaced(t *testing.T) {
 	proxy := proxied(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry, etcdwatch.WithLiveness(time.Second, time.Second))
 	start := currentRevision(t, kv) + 1
-	recs := watchSet(t, s, "blackhole/", start)
-	w := startWriter(t, kv, "blackhole/", 10)
+	prefix := unique("blackhole")
+	recs := watchSet(t, s, prefix, start)
+	w := startWriter(t, kv, prefix, 10)
 	progressed(t, recs[0], w.Last())
 	require.Positive(t, proxy.Blackhole())
-	at, before := time.Now(), w.Last()
-	require.Eventually(t, func() bool { return recs[0].Last() > before+10 }, time.Minute, 10*time.Millisecond,
+	at := time.Now()
+	// Events already in socket buffers still arrive; wait for writes made
+	// well after the blackhole, which only a new connection can carry.
+	after := max(w.Last(), recs[0].Last()) + 100
+	require.Eventually(t, func() bool { return w.Last() >= after }, wait, time.Millisecond, "the writer stalled")
+	require.Eventually(t, func() bool { return recs[0].Last() >= after }, time.Minute, 10*time.Millisecond,
 		"the stream never recovered from the blackhole")
 	recovered := time.Since(at)
 	events := finish(t, w, recs)
