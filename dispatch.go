@@ -384,6 +384,7 @@ func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 		d.toCreate.Push(w)
 		d.sess.exit(errStaleCredentials)
 	default:
+		d.log.Warn("etcdwatch: create refused; the watch ends", "watch", w.req.String(), "reason", err.Reason)
 		d.end(w, err, false)
 	}
 }

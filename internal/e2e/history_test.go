@@ -37,8 +37,9 @@ type writer struct {
 	prefix string
 	keys   int
 
-	stop chan struct{}
-	done chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 
 	mu     sync.Mutex
 	events []truthEvent      // in revision order, then operation order
@@ -49,7 +50,8 @@ type writer struct {
 
 func startWriter(t *testing.T, kv *clientv3.Client, prefix string, keys int) *writer {
 	w := &writer{t: t, kv: kv, prefix: prefix, keys: keys, stop: make(chan struct{}), done: make(chan struct{}), model: map[string]string{}}
-	go func() { // exits when stop is closed; Stop waits on done
+	t.Cleanup(func() { w.Stop() }) // if the test ends early
+	go func() {                    // exits when stop is closed; Stop waits on done
 		defer close(w.done)
 		for seq := 1; ; seq++ {
 			select {
@@ -65,9 +67,10 @@ func startWriter(t *testing.T, kv *clientv3.Client, prefix string, keys int) *wr
 	return w
 }
 
-// Stop stops the writer and returns the last committed revision.
+// Stop stops the writer and returns the last committed revision. It may be
+// called more than once.
 func (w *writer) Stop() int64 {
-	close(w.stop)
+	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()

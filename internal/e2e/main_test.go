@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -73,10 +74,12 @@ var etcdLeftovers = []goleak.Option{
 func leakCheck(t *testing.T) {
 	t.Cleanup(func() {
 		var leaked []string
-		require.Eventually(t, func() bool {
+		if !assert.Eventually(t, func() bool {
 			leaked = ourGoroutines()
 			return len(leaked) == 0
-		}, wait, 10*time.Millisecond, "goroutines left behind:\n%s", strings.Join(leaked, "\n\n"))
+		}, wait, 10*time.Millisecond) {
+			t.Errorf("goroutines left behind:\n%s", strings.Join(leaked, "\n\n"))
+		}
 	})
 }
 

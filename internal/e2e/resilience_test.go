@@ -78,7 +78,7 @@ func slowWatchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64,
 	}
 	var recs []*recording
 	for _, r := range reqs {
-		w, err := s.Watch(ctx(t), r.FromRevision(start))
+		w, err := s.Watch(t.Context(), r.FromRevision(start)) // ends with the test, not before
 		require.NoError(t, err)
 		recs = append(recs, recordSlowly(w, start, pause))
 	}

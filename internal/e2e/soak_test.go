@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"bytes"
+	"log/slog"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,11 +42,21 @@ func TestSoak(t *testing.T) {
 	}
 	kv := clientFor(t, endpoints...)
 	opts := []etcdwatch.Option{fastRetry, etcdwatch.WithRequireLeader(), etcdwatch.WithLiveness(time.Second, time.Second)}
-	s := openOn(t, proxyAddrs, opts...)
+	var logBuf syncBuffer
+	s := openOn(t, proxyAddrs, append(opts, etcdwatch.WithLogger(slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))))...)
+	var recs []*recording
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("stats %+v\nlog of the first stream:\n%s", s.Stats(), logBuf.String())
+			for _, r := range recs {
+				t.Logf("watch %s: id %d, revision %d, err %v", r.w.Request(), r.w.ID(), r.w.Revision(), r.w.Err())
+			}
+		}
+	})
 	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32))...)
 	start := currentRevision(t, kv) + 1
 	// The tight stream's consumers are slower than the writer: they pause.
-	recs := append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 5*time.Millisecond)...)
+	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 5*time.Millisecond)...)
 	w := startWriter(t, kv, "soak/", 20)
 
 	counts := map[string]int{}
@@ -78,6 +91,7 @@ func TestSoak(t *testing.T) {
 	for time.Now().Before(deadline) {
 		progressed(t, recs[0], w.Last())
 		f := faultsList[rand.IntN(len(faultsList))]
+		t.Logf("%s: %s (writer at %d, first watch at %d)", time.Now().Format("15:04:05.000"), f.name, w.Last(), recs[0].Last())
 		f.do()
 		counts[f.name]++
 		select {
@@ -95,4 +109,22 @@ func TestSoak(t *testing.T) {
 	a, b := s.Stats(), tight.Stats()
 	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; pauses %d; duplicates dropped %d",
 		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
