@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
@@ -81,21 +82,13 @@ func runResume(c contender, rep int) (result, error) {
 		return nil, err
 	}
 	defer proxy.Close()
-	conn, err := dial(proxy.Addr())
+	conn, kv, closeAll, err := connAndWriter(proxy.Addr())
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
-	if err != nil {
-		return nil, err
-	}
-	defer kv.Close()
+	defer closeAll()
 	prefix := fmt.Sprintf("bench/resume/%s/%d/", c.name(), rep)
-	specs := make([]spec, *resumeN)
-	for i := range specs {
-		specs[i] = spec{key: prefix, prefix: true}
-	}
+	specs := repeat(*resumeN, spec{key: prefix, prefix: true})
 	ctx, cancel := timeout()
 	defer cancel()
 	a := newArrivals(len(specs))
@@ -136,24 +129,40 @@ func runResume(c contender, rep int) (result, error) {
 	return result{"seconds": time.Since(start).Seconds()}, nil
 }
 
+// connAndWriter returns a watch connection to addr and an official client
+// writing straight to the member, and a function that closes both.
+func connAndWriter(addr string) (*grpc.ClientConn, *clientv3.Client, func(), error) {
+	conn, err := dial(addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
+	if err != nil {
+		conn.Close()
+		return nil, nil, nil, err
+	}
+	return conn, kv, func() { kv.Close(); conn.Close() }, nil
+}
+
+// repeat returns n copies of sp.
+func repeat(n int, sp spec) []spec {
+	specs := make([]spec, n)
+	for i := range specs {
+		specs[i] = sp
+	}
+	return specs
+}
+
 // runFanout puts to one key watched N times and measures delivery rate and
 // put-to-delivery latency.
 func runFanout(c contender, rep int) (result, error) {
-	conn, err := dial(etcdEndpoint)
+	conn, kv, closeAll, err := connAndWriter(etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
-	if err != nil {
-		return nil, err
-	}
-	defer kv.Close()
+	defer closeAll()
 	key := fmt.Sprintf("bench/fanout/%s/%d", c.name(), rep)
-	specs := make([]spec, *fanoutN)
-	for i := range specs {
-		specs[i] = spec{key: key}
-	}
+	specs := repeat(*fanoutN, spec{key: key})
 	total := int64(len(specs) * *fanoutPuts)
 	lat := make([]int64, total)
 	var got atomic.Int64

@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
@@ -108,10 +109,18 @@ func ourGoroutines() []string {
 // fragments watch responses above maxRequestBytes + 512 KiB.
 const maxRequestBytes = 7 << 19
 
-// open returns a Stream on its own connection, closed when the test ends.
+// open returns a Stream on its own connection to the shared member.
 func open(t *testing.T, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
-	conn, err := etcd.Dial(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)))
+	return openOn(t, []string{etcd.Endpoint}, opts...)
+}
+
+// openOn returns a Stream on its own etcdwatch.Dial connection, both closed
+// when the test ends. Messages up to 64 MiB are accepted, for fragments.
+func openOn(t *testing.T, endpoints []string, opts ...etcdwatch.Option) *etcdwatch.Stream {
+	t.Helper()
+	conn, err := etcdwatch.Dial(endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	require.NoError(t, err)
 	s, err := etcdwatch.Open(conn, opts...)
 	require.NoError(t, err)

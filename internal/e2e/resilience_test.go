@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
@@ -28,20 +27,6 @@ func proxied(t *testing.T, endpoint string) *faults.Proxy {
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	return p
-}
-
-// openOn returns a Stream on a connection made by etcdwatch.Dial.
-func openOn(t *testing.T, endpoints []string, opts ...etcdwatch.Option) *etcdwatch.Stream {
-	t.Helper()
-	conn, err := etcdwatch.Dial(endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	s, err := etcdwatch.Open(conn, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, s.Close())
-		require.NoError(t, conn.Close())
-	})
-	return s
 }
 
 // clientFor returns an official client on endpoints, for writing; it
