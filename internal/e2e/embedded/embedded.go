@@ -4,6 +4,7 @@
 package embedded
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -39,7 +40,22 @@ func Start(dir string, configs ...Config) (*Server, error) {
 
 // StartCluster starts n members with data under dir and waits until all
 // serve. Ports are picked by the kernel (127.0.0.1:0) and kept for restarts.
+// A port can be taken by another socket between the kernel handing it out
+// and the member binding it, so a start that fails is tried again, up to
+// three times, on fresh ports.
 func StartCluster(dir string, n int, configs ...Config) ([]*Server, error) {
+	var errs []error
+	for attempt := range 3 {
+		members, err := startCluster(filepath.Join(dir, fmt.Sprint("try", attempt)), n, configs...)
+		if err == nil {
+			return members, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func startCluster(dir string, n int, configs ...Config) ([]*Server, error) {
 	members := make([]*Server, n)
 	var initial []string
 	for i := range members {
@@ -112,13 +128,18 @@ func (s *Server) waitReady() error {
 	}
 }
 
-// Stop stops the member and waits for it. Stopping a stopped member does nothing.
+// Stop stops the member and waits for it, up to a minute (a member that
+// never joined its cluster may not report that it stopped). Stopping a
+// stopped member does nothing.
 func (s *Server) Stop() {
 	if s.etcd == nil {
 		return
 	}
 	s.etcd.Close()
-	<-s.etcd.Server.StopNotify()
+	select {
+	case <-s.etcd.Server.StopNotify():
+	case <-time.After(time.Minute):
+	}
 	s.etcd = nil
 }
 
