@@ -14,28 +14,6 @@ import (
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
-// reconnectHarness is a harness that keeps its server, for the streams that
-// replace the first one.
-type reconnectHarness struct {
-	*harness
-	server *ws.Server
-}
-
-func newReconnectHarness(t *testing.T, opts ...etcdwatch.Option) *reconnectHarness {
-	t.Helper()
-	server := ws.Start(t)
-	s, err := etcdwatch.Open(server.Dial(t), opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, s.Close()) })
-	return &reconnectHarness{&harness{t: t, s: s, srv: server.Accept(t)}, server}
-}
-
-// cut ends the current stream with a retryable error and returns the new one.
-func (h *reconnectHarness) cut() {
-	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
-	h.srv = h.server.Accept(h.t)
-}
-
 // confirmCreates reads n creates, confirms them in order at revision rev and
 // indexes them by key.
 func confirmCreates(t *testing.T, st *ws.Stream, n int, rev int64) map[string]*pb.WatchCreateRequest {
@@ -54,7 +32,7 @@ func confirmCreates(t *testing.T, st *ws.Stream, n int, rev int64) map[string]*p
 // (its last event, its last bookmark, or its creation), keeps its channel,
 // and drops what the new stream sends again.
 func TestResumeFromNextRevision(t *testing.T) {
-	h := newReconnectHarness(t)
+	h := newHarness(t)
 	events := h.watch(etcdwatch.Key("events"), 10)
 	marked := h.watch(etcdwatch.Key("marked").FromRevision(5), 10)
 	quiet := h.watch(etcdwatch.Key("quiet"), 30)
@@ -89,7 +67,7 @@ func TestResumeFromNextRevision(t *testing.T) {
 // TestPendingCreateSurvivesReconnect: a Watch call whose create was in
 // flight when the stream broke is answered on the next stream.
 func TestPendingCreateSurvivesReconnect(t *testing.T) {
-	h := newReconnectHarness(t)
+	h := newHarness(t)
 	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
 	first := h.srv.RecvCreate(t)
 	require.Equal(t, int64(0), first.StartRevision)
@@ -105,7 +83,7 @@ func TestPendingCreateSurvivesReconnect(t *testing.T) {
 // TestRequestProgressSurvivesReconnect: a waiting RequestProgress call asks
 // the new stream.
 func TestRequestProgressSurvivesReconnect(t *testing.T) {
-	h := newReconnectHarness(t)
+	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 3)
 	got := make(chan int64, 1)
 	go func() {
@@ -137,7 +115,7 @@ func TestRequestProgressSurvivesReconnect(t *testing.T) {
 // TestSilentStreamIsReplaced: a stream that stops answering is probed, then
 // replaced; its watches carry on over the new one.
 func TestSilentStreamIsReplaced(t *testing.T) {
-	h := newReconnectHarness(t, etcdwatch.WithLiveness(20*time.Millisecond, 50*time.Millisecond))
+	h := newHarness(t, etcdwatch.WithLiveness(20*time.Millisecond, 50*time.Millisecond))
 	w := h.watch(etcdwatch.Key("a"), 3)
 	// The first probe is answered, as etcd would; the stream stays.
 	probe := h.srv.RecvCreate(t)
@@ -170,7 +148,7 @@ func TestRequireLeaderMetadata(t *testing.T) {
 
 // TestCloseWhileReconnecting: Close during the backoff wait ends cleanly.
 func TestCloseWhileReconnecting(t *testing.T) {
-	h := newReconnectHarness(t, etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
+	h := newHarness(t, etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
 	w := h.watch(etcdwatch.Key("a"), 3)
 	h.cut() // first retry is immediate
 	h.srv.RecvCreate(t)
@@ -184,7 +162,7 @@ func TestCloseWhileReconnecting(t *testing.T) {
 // token is tried once more on a new stream, which carries the connection's
 // current credentials; refused again, the watch ends.
 func TestStaleTokenGetsOneNewStream(t *testing.T) {
-	h := newReconnectHarness(t)
+	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 3)
 	other := h.watch(etcdwatch.Key("b"), 3)
 	h.cut()

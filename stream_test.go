@@ -24,11 +24,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // wait bounds every wait of these tests; nothing is timed.
 const wait = ws.Timeout
 
-// harness is a Stream on a scripted server's first Watch stream.
+// harness is a Stream on a scripted server, and the server's side of the
+// Stream's current Watch stream.
 type harness struct {
-	t   *testing.T
-	s   *etcdwatch.Stream
-	srv *ws.Stream
+	t      *testing.T
+	s      *etcdwatch.Stream
+	server *ws.Server
+	srv    *ws.Stream
 }
 
 func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
@@ -37,7 +39,14 @@ func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
 	s, err := etcdwatch.Open(server.Dial(t), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
-	return &harness{t: t, s: s, srv: server.Accept(t)}
+	return &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+}
+
+// cut ends the current stream with a retryable error and takes the one the
+// Stream opens to replace it.
+func (h *harness) cut() {
+	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	h.srv = h.server.Accept(h.t)
 }
 
 type watchResult struct {

@@ -84,23 +84,8 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 		}
 	}()
 
-	const goroutines, each = 10, 25
-	watches := make([]*etcdwatch.Watch, goroutines*each)
-	var wg sync.WaitGroup
 	start := time.Now()
-	for g := range goroutines {
-		wg.Go(func() {
-			for i := range each {
-				n := g*each + i
-				w, err := s.Watch(ctx, etcdwatch.Key(fmt.Sprintf("race/own/%03d", n)))
-				if !assert.NoError(t, err) {
-					return
-				}
-				watches[n] = w
-			}
-		})
-	}
-	wg.Wait()
+	watches := watchKeys(t, s, 10, 25, func(n int) string { return fmt.Sprintf("race/own/%03d", n) })
 	created := time.Since(start)
 	for n := range watches {
 		_, err := kv.Put(ctx, fmt.Sprintf("race/own/%03d", n), fmt.Sprint("own-", n))
@@ -145,24 +130,11 @@ func TestManyWatchesFromManyGoroutines(t *testing.T) {
 	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
 	const goroutines, each = 50, 100
-	watches := make([]*etcdwatch.Watch, goroutines*each)
 	key := func(n int) string { return fmt.Sprintf("many/%04d", n) }
-	var wg sync.WaitGroup
 	start := time.Now()
-	for g := range goroutines {
-		wg.Go(func() {
-			for i := range each {
-				n := g*each + i
-				w, err := s.Watch(ctx, etcdwatch.Key(key(n)))
-				if !assert.NoError(t, err) {
-					return
-				}
-				watches[n] = w
-			}
-		})
-	}
-	wg.Wait()
+	watches := watchKeys(t, s, goroutines, each, key)
 	created := time.Since(start)
+	var wg sync.WaitGroup
 	require.Equal(t, int64(len(watches)), s.Stats().Watches)
 	for g := range goroutines {
 		wg.Go(func() {
@@ -362,4 +334,27 @@ func TestStalledConsumerBesideBusyOne(t *testing.T) {
 	require.Equal(t, stalledRevs, got)
 	st := s.Stats()
 	t.Logf("pauses %d, resumes %d", st.Pauses, st.Resumes)
+}
+
+// watchKeys opens goroutines*each watches, watch n on key(n), from that many
+// goroutines on one stream, and returns them in order of n.
+func watchKeys(t *testing.T, s *etcdwatch.Stream, goroutines, each int, key func(n int) string) []*etcdwatch.Watch {
+	t.Helper()
+	watches := make([]*etcdwatch.Watch, goroutines*each)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range each {
+				n := g*each + i
+				w, err := s.Watch(t.Context(), etcdwatch.Key(key(n)))
+				if !assert.NoError(t, err) {
+					return
+				}
+				watches[n] = w
+			}
+		})
+	}
+	wg.Wait()
+	require.NotContains(t, watches, (*etcdwatch.Watch)(nil), "some watches were not opened")
+	return watches
 }
