@@ -67,7 +67,14 @@ func (c etcdwatchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs
 			}
 		})
 	}
-	return func() { s.Close(); wg.Wait() }, nil
+	return func() {
+		if *verbose {
+			st := s.Stats()
+			fmt.Printf("# etcdwatch: %d responses, %d stalls, %d pauses, %d reconnects\n", st.Responses, st.Stalls, st.Pauses, st.Reconnects)
+		}
+		s.Close()
+		wg.Wait()
+	}, nil
 }
 
 // clientv3Client is the official client with its default settings: every

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -25,16 +26,20 @@ import (
 )
 
 var (
-	reps          = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag = flag.String("workloads", "create,resume,fanout,clientonly,memory", "workloads to run, comma-separated")
-	createN       = flag.Int("create", 10000, "create: watches to open")
-	resumeN       = flag.Int("resume", 5000, "resume: live watches cut and resumed")
-	fanoutN       = flag.Int("fanout", 1000, "fanout: watches on one key")
-	fanoutPuts    = flag.Int("fanout-puts", 300, "fanout: puts to that key")
-	events100     = flag.Int("events100", 2000000, "clientonly: events sent 100 to a response")
-	events1       = flag.Int("events1", 200000, "clientonly: events sent 1 to a response")
-	memoryN       = flag.Int("memory", 10000, "memory: idle watches")
-	memoryChildOf = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
+	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory", "workloads to run, comma-separated")
+	createN        = flag.Int("create", 10000, "create: watches to open")
+	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
+	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
+	fanoutPuts     = flag.Int("fanout-puts", 300, "fanout: puts to that key")
+	events100      = flag.Int("events100", 2000000, "clientonly: events sent 100 to a response")
+	events1        = flag.Int("events1", 200000, "clientonly: events sent 1 to a response")
+	memoryN        = flag.Int("memory", 10000, "memory: idle watches")
+	memoryChildOf  = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
+	verbose        = flag.Bool("v", false, "print each etcdwatch run's stream counters")
+	contendersFlag = flag.String("contenders", "raw,clientv3,etcdwatch", "contenders to run, comma-separated")
+	cpuProfile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memProfile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 )
 
 // result is one run's metrics.
@@ -78,6 +83,15 @@ func main() {
 		{"clientonly", runClientOnly, []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}},
 		{"memory", runMemory, []string{"bytes_per_watch", "goroutines_per_watch"}},
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		check(err)
+		check(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer writeHeapProfile(*memProfile)
+	}
 	want := strings.Split(*workloadsFlag, ",")
 	for _, w := range all {
 		if slices.Contains(want, w.name) {
@@ -87,7 +101,12 @@ func main() {
 }
 
 func runWorkload(w workload) {
-	contenders := []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}}
+	var contenders []contender
+	for _, c := range []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}} {
+		if slices.Contains(strings.Split(*contendersFlag, ","), c.name()) {
+			contenders = append(contenders, c)
+		}
+	}
 	results := map[string][]result{}
 	for rep := range *reps {
 		for k := range contenders { // rotate the order each repetition
@@ -144,6 +163,13 @@ func num(v float64) string {
 	default:
 		return fmt.Sprintf("%.3g", v)
 	}
+}
+
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	check(err)
+	defer f.Close()
+	check(pprof.Lookup("allocs").WriteTo(f, 0))
 }
 
 func check(err error) {
