@@ -47,6 +47,7 @@ type dispatcher struct {
 	frags      map[*Watch][]Event  // events of fragmented responses awaiting their last piece
 
 	progress progressState
+	stall    stall // a consumer at its buffer limit holding up the stream
 }
 
 func newDispatcher(s *Stream, open opener) *dispatcher {
@@ -60,6 +61,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		cancelling: make(map[int64]struct{}),
 		frags:      make(map[*Watch][]Event),
 		progress:   progressState{retry: s.opts.progressRetry},
+		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
 		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},
 	}
@@ -77,7 +79,10 @@ func (d *dispatcher) run() {
 			dead <-chan struct{}
 		)
 		if d.sess != nil {
-			recv, dead = d.sess.recv, d.sess.dead
+			dead = d.sess.dead
+			if d.stall.w == nil {
+				recv = d.sess.recv
+			}
 			if len(d.outbox) > 0 {
 				send = d.sess.send
 			}
@@ -99,6 +104,8 @@ func (d *dispatcher) run() {
 			d.handleLivenessTick()
 		case <-d.progress.C:
 			d.handleProgressTimeout()
+		case <-d.stall.C:
+			d.handleStallTimeout()
 		case <-d.s.closing:
 			return
 		}
@@ -111,9 +118,12 @@ const drainBatch = 64
 
 // drainResponses handles responses that are already waiting, through a
 // select far cheaper than the loop's. A burst of them then costs one
-// wake-up of the loop, not one each.
+// wake-up of the loop, not one each. A stall stops it.
 func (d *dispatcher) drainResponses(recv <-chan *pb.WatchResponse) {
 	for range drainBatch {
+		if d.stall.w != nil {
+			return
+		}
 		select {
 		case resp := <-recv:
 			d.handleResponse(resp)
@@ -142,6 +152,7 @@ func (d *dispatcher) shutdown() {
 		d.sess.close()
 	}
 	d.retry.stop()
+	d.stall.stop()
 	d.live.stop()
 	d.progress.stop()
 	for { // commands that arrived too late
@@ -198,19 +209,6 @@ func (d *dispatcher) handleCancel(w *Watch) {
 	}
 }
 
-// handleResume re-creates a paused watch from its next revision.
-func (d *dispatcher) handleResume(w *Watch) {
-	if w.state != statePaused {
-		return
-	}
-	delete(d.paused, w)
-	d.s.stats.paused.Add(-1)
-	d.s.stats.resumes.Add(1)
-	w.state = stateCreating
-	d.toCreate.Push(w)
-	d.flushCreates()
-}
-
 // flushCreates sends queued creates. They are pipelined once the stream
 // has echoed an id the client chose; until then, and for good on a stream
 // that picks its own ids (etcd's gRPC proxy, which also answers some creates
@@ -256,6 +254,7 @@ func (d *dispatcher) forget(w *Watch) {
 		delete(d.paused, w)
 		d.s.stats.paused.Add(-1)
 	}
+	d.endStall(w)
 	w.state = stateDone
 	delete(d.frags, w)
 	if !w.probe {
@@ -476,26 +475,4 @@ func (d *dispatcher) bookmark(w *Watch, h *pb.ResponseHeader) {
 	}
 	w.rev = rev
 	d.deliver(w, Response{Header: headerOf(h), Revision: rev})
-}
-
-// deliver hands r to w and pauses w when its buffer is full.
-func (d *dispatcher) deliver(w *Watch, r Response) {
-	if w.push(r, d.limit) {
-		d.pause(w)
-	}
-}
-
-// pause cancels w's server-side watch until its consumer catches up; the
-// pump sends resumeCmd then. Events already in flight for it are dropped and
-// fetched again from w.rev+1.
-func (d *dispatcher) pause(w *Watch) {
-	id := w.ID()
-	delete(d.watches, id)
-	d.sendCancel(id)
-	w.state = statePaused
-	delete(d.frags, w)
-	d.paused[w] = struct{}{}
-	d.s.stats.paused.Add(1)
-	d.s.stats.pauses.Add(1)
-	d.log.Debug("etcdwatch: consumer fell behind; watch paused", "id", id, "revision", w.rev)
 }

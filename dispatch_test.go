@@ -111,6 +111,11 @@ func (f *fuzzServer) send(resp *pb.WatchResponse) {
 	if resp.Header == nil {
 		resp.Header = &pb.ResponseHeader{Revision: f.rev}
 	}
+	if f.d.stall.w != nil {
+		// The loop reads nothing during a stall; a consumer that has not
+		// caught up by now has outlasted it.
+		f.d.handleStallTimeout()
+	}
 	f.d.handleResponse(resp)
 }
 
@@ -284,5 +289,47 @@ func TestBackoff(t *testing.T) {
 	}
 	if d := b.next(healthyPeriod); d != 0 {
 		t.Fatalf("after a healthy stream the retry waits %v, want 0", d)
+	}
+}
+
+// TestStallRation: the first stallFree of each stall is free; beyond it,
+// stalls draw on a budget of at most max that refills at 1/stallShare of the
+// time, and a watch reaching its limit with the budget spent is not waited for.
+func TestStallRation(t *testing.T) {
+	const stallMax = 100 * time.Millisecond
+	s := stall{max: stallMax}
+	defer s.stop()
+	w := &Watch{}
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	step := func(begin, end time.Duration, wantBegun bool, wantBudget time.Duration) {
+		t.Helper()
+		if got := s.begin(w, at(begin)); got != wantBegun {
+			t.Fatalf("stall at %v begun %v, want %v", begin, got, wantBegun)
+		}
+		if got := s.w; (got == w) != wantBegun {
+			t.Fatalf("stall at %v waits for %p", begin, got)
+		}
+		if wantBegun {
+			s.end(at(end))
+		}
+		if s.budget != wantBudget {
+			t.Fatalf("after the stall at %v the budget is %v, want %v", begin, s.budget, wantBudget)
+		}
+		if s.w != nil || s.C != nil {
+			t.Fatal("an ended stall still waits")
+		}
+	}
+	ms := time.Millisecond
+	step(0, 1*ms, true, stallMax)                           // within the free part: costs nothing
+	step(10*ms, 71*ms, true, 40*ms)                         // 60ms charged beyond the free part
+	step(81*ms, 132*ms, true, 0)                            // refilled by 1ms to 41ms; 50ms charged, never below 0
+	step(132*ms, 0, false, 0)                               // spent: the watch is paused instead
+	step(232*ms, 237*ms, true, 6*ms)                        // 100ms refill 10ms; 4ms charged
+	step(10*time.Second, 10*time.Second+ms, true, stallMax) // refilled up to the cap, no further
+
+	never := stall{}
+	if never.begin(w, t0) || never.C != nil {
+		t.Fatal("a zero budget stalls")
 	}
 }

@@ -25,9 +25,11 @@
 //   - A watch whose history was compacted ends with *CompactedError; events
 //     are never skipped silently.
 //   - Delivery never blocks the dispatcher. A watch whose consumer stops
-//     reading buffers up to WithBufferLimit events, then is paused on the
-//     server and resumed from its next revision once the consumer has read
-//     half of its backlog; its neighbours are not held up.
+//     reading buffers up to WithBufferLimit events. The stream then stops
+//     reading for a short, rationed while (WithStallBudget), holding up its
+//     other watches, and if the consumer has not read half of its backlog by
+//     then the watch is paused on the server and resumed from its next
+//     revision once the consumer has.
 //   - After Watch.Cancel returns, nothing more is delivered.
 //   - Watches outlive gRPC streams: a stream that fails for a reason a new
 //     stream can cure, or goes silent (WithLiveness), is replaced after a

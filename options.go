@@ -17,6 +17,7 @@ type options struct {
 	livenessIdle, livenessTimeout time.Duration
 	requireLeader                 bool
 	bufferLimit                   int
+	stallBudget                   time.Duration
 	progressRetry                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
@@ -26,6 +27,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		bufferLimit:     1024,
+		stallBudget:     100 * time.Millisecond,
 		progressRetry:   250 * time.Millisecond,
 		backoffMin:      100 * time.Millisecond,
 		backoffMax:      5 * time.Second,
@@ -36,12 +38,25 @@ func defaultOptions() options {
 }
 
 // WithBufferLimit bounds how many events (a bookmark counts as one) a watch
-// may hold for a consumer that is not reading. When a watch reaches the limit
-// it is paused: its server-side watch is canceled, nothing is lost, and it is
+// may hold for a consumer that is not reading. When a watch reaches the
+// limit, the Stream first waits for its consumer, reading no more responses
+// (see WithStallBudget), and if the consumer does not catch up the watch is
+// paused: its server-side watch is canceled, nothing is lost, and it is
 // re-created from its next revision once the consumer has read half of its
 // backlog. The buffer grows on demand, so an idle watch holds none of it.
 // Default 1024; at least 1.
 func WithBufferLimit(events int) Option { return func(o *options) { o.bufferLimit = events } }
+
+// WithStallBudget bounds how long the Stream may hold up all its watches
+// waiting for a consumer at its buffer limit to take half its backlog, before
+// it pauses that watch. Such a wait (a stall) lets gRPC flow control slow the
+// server, which is far cheaper than a pause when a busy process merely ran the
+// consumer late. The first millisecond of each stall is free; the rest is
+// drawn from a budget of up to d that refills at a tenth of the time that
+// passes, so stalls never cost the other watches more than about a tenth of
+// the stream's time. 0 pauses a watch as soon as it reaches its limit.
+// Default 100ms; at least 0.
+func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
 
 // WithProgressRetry sets how long RequestProgress waits for an answer before
 // asking again: etcd 3.6 and later stay silent while any watch on the stream
@@ -86,6 +101,8 @@ func (o *options) validate() error {
 	switch {
 	case o.bufferLimit < 1:
 		return fmt.Errorf("%w: WithBufferLimit(%d) must be at least 1", ErrInvalidArgument, o.bufferLimit)
+	case o.stallBudget < 0:
+		return fmt.Errorf("%w: WithStallBudget(%v) must be at least 0", ErrInvalidArgument, o.stallBudget)
 	case o.progressRetry < time.Millisecond:
 		return fmt.Errorf("%w: WithProgressRetry(%v) must be at least 1ms", ErrInvalidArgument, o.progressRetry)
 	case o.backoffMin <= 0 || o.backoffMax < o.backoffMin:

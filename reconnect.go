@@ -39,6 +39,12 @@ func (d *dispatcher) connect() {
 // with every live watch re-created from its next revision.
 func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
+	for len(d.sess.recv) > 0 && d.stall.w == nil { // what arrived before the end still counts
+		d.handleResponse(<-d.sess.recv)
+	}
+	if w := d.stall.w; w != nil {
+		d.pause(w) // its server-side watch is gone; it is re-created once its consumer catches up
+	}
 	d.sess.close()
 	d.sess = nil
 	d.live.stop()

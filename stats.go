@@ -11,6 +11,7 @@ type Stats struct {
 	Watches           int64  // watches running now (creating, active or paused)
 	Paused            int64  // watches paused now because their consumer fell behind
 	Created           uint64 // created responses accepted, resumes included
+	Stalls            uint64 // times the stream waited for a consumer at its buffer limit
 	Pauses            uint64 // times a watch was paused
 	Resumes           uint64 // times a paused watch was re-created
 	Responses         uint64 // responses received from the server
@@ -28,7 +29,8 @@ type Stats struct {
 // counters are written by the dispatcher only and read by Stats.
 type counters struct {
 	watches, paused              atomic.Int64
-	created, pauses, resumes     atomic.Uint64
+	created, stalls              atomic.Uint64
+	pauses, resumes              atomic.Uint64
 	responses, events, fragments atomic.Uint64
 	duplicates, unknown          atomic.Uint64
 	reconnects, resumed          atomic.Uint64
@@ -41,6 +43,7 @@ func (c *counters) snapshot() Stats {
 		Watches:           c.watches.Load(),
 		Paused:            c.paused.Load(),
 		Created:           c.created.Load(),
+		Stalls:            c.stalls.Load(),
 		Pauses:            c.pauses.Load(),
 		Resumes:           c.resumes.Load(),
 		Responses:         c.responses.Load(),

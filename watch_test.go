@@ -104,13 +104,13 @@ func TestDuplicateEventsAreDropped(t *testing.T) {
 	require.Equal(t, uint64(2), h.s.Stats().DuplicatesDropped)
 }
 
-// TestSlowConsumerIsPausedAndResumed: a consumer that stops reading gets its
-// watch paused at the buffer limit, without holding up a busy neighbour, and
-// after it catches up the watch resumes from the next revision: nothing is
-// lost, nothing repeated.
+// TestSlowConsumerIsPausedAndResumed: without a stall budget, a consumer
+// that stops reading gets its watch paused at the buffer limit, without
+// holding up a busy neighbour, and after it catches up the watch resumes
+// from the next revision: nothing is lost, nothing repeated.
 func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 	const limit = 8
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit))
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
 	slow := h.watch(etcdwatch.Key("slow"), 1)
 	fast := h.watch(etcdwatch.Key("fast"), 1)
 	oldID := slow.ID()
@@ -169,13 +169,122 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 	st := h.s.Stats()
 	require.Equal(t, st.Pauses, st.Resumes)
 	require.Equal(t, int64(0), st.Paused)
+	require.Zero(t, st.Stalls)
 	t.Logf("pauses: %d", st.Pauses)
+}
+
+// fillToLimit sends w limit events from revision 2 on and waits until the
+// Stream stalls for w's consumer, which reads none of them.
+func fillToLimit(h *harness, w *etcdwatch.Watch, limit int) {
+	h.t.Helper()
+	stalls := h.s.Stats().Stalls
+	for rev := int64(2); rev < int64(2+limit); rev++ {
+		h.srv.Send(h.t, ws.Events(w.ID(), rev, ws.Put("k", fmt.Sprint(rev), rev)))
+	}
+	require.Eventually(h.t, func() bool { return h.s.Stats().Stalls == stalls+1 }, wait, time.Millisecond)
+}
+
+// readRevisions reads n responses of w and returns their events' revisions.
+func readRevisions(t *testing.T, w *etcdwatch.Watch, n int) []int64 {
+	t.Helper()
+	var revs []int64
+	for range n {
+		for _, e := range next(t, w).Events {
+			revs = append(revs, e.ModRevision)
+		}
+	}
+	return revs
+}
+
+// TestLaggingConsumerIsWaitedFor: a consumer that reaches its buffer limit
+// and then catches up is waited for. The stream reads nothing more until the
+// consumer has taken half its backlog, so a neighbour's events wait behind
+// it, and the watch is never paused (no cancel, no replay).
+func TestLaggingConsumerIsWaitedFor(t *testing.T) {
+	const limit = 8
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	lag := h.watch(etcdwatch.Key("lag"), 1)
+	other := h.watch(etcdwatch.Key("other"), 1)
+	fillToLimit(h, lag, limit)
+	read := h.s.Stats().Responses
+	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
+	h.srv.Send(t, ws.Events(lag.ID(), 10, ws.Put("k", "10", 10)))
+	// A negative check, so it is bounded: a Stream that reads on does so
+	// within microseconds.
+	require.Never(t, func() bool { return h.s.Stats().Responses > read }, 50*time.Millisecond, time.Millisecond,
+		"a response was read during the stall")
+	require.Equal(t, []int64{2, 3, 4, 5}, readRevisions(t, lag, limit/2))
+	require.Equal(t, int64(10), next(t, other).Revision, "the stream did not read on after the stall")
+	require.Equal(t, []int64{6, 7, 8, 9, 10}, readRevisions(t, lag, limit/2+1))
+	require.Empty(t, h.barrier(10), "a request (a pause's cancel?) was sent")
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Stalls)
+	require.Zero(t, st.Pauses)
+	require.Equal(t, lag.ID(), int64(1), "the watch was re-created")
+}
+
+// TestStuckConsumerIsPausedAfterItsStall: a consumer that does not catch up
+// holds up the stream only until the stall budget is spent; its watch is
+// then paused and the neighbour's events flow again.
+func TestStuckConsumerIsPausedAfterItsStall(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(20*time.Millisecond))
+	stuck := h.watch(etcdwatch.Key("stuck"), 1)
+	other := h.watch(etcdwatch.Key("other"), 1)
+	id := stuck.ID()
+	fillToLimit(h, stuck, limit)
+	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
+	require.Equal(t, int64(10), next(t, other).Revision)
+	require.Equal(t, id, h.srv.RecvCancel(t), "the stuck watch was not paused")
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Stalls)
+	require.Equal(t, uint64(1), st.Pauses)
+	require.Equal(t, []int64{2, 3}, readRevisions(t, stuck, limit/2))
+	require.Equal(t, int64(2+limit), h.srv.RecvCreate(t).StartRevision, "resumed at the wrong revision")
+}
+
+// TestCancelEndsAStall: a consumer that cancels its watch during a stall
+// releases the stream at once.
+func TestCancelEndsAStall(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	lag := h.watch(etcdwatch.Key("lag"), 1)
+	other := h.watch(etcdwatch.Key("other"), 1)
+	id := lag.ID()
+	fillToLimit(h, lag, limit)
+	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
+	lag.Cancel()
+	require.Equal(t, int64(10), next(t, other).Revision)
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	require.Zero(t, h.s.Stats().Pauses)
+}
+
+// TestStreamEndDuringAStallPausesTheWatch: when the stream breaks during a
+// stall, the watch waited for is paused, not re-created on the new stream,
+// until its consumer has caught up; the other watches resume at once.
+func TestStreamEndDuringAStallPausesTheWatch(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	lag := h.watch(etcdwatch.Key("lag"), 1)
+	other := h.watch(etcdwatch.Key("other"), 1)
+	fillToLimit(h, lag, limit)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "other", string(c.Key), "the stalled watch was re-created before its consumer caught up")
+	h.srv.Send(t, ws.Created(c.WatchId, 20))
+	h.srv.Send(t, ws.Events(c.WatchId, 20, ws.Put("other", "v", 20)))
+	require.Equal(t, int64(20), next(t, other).Revision)
+	require.Equal(t, uint64(1), h.s.Stats().Pauses)
+	require.Equal(t, []int64{2, 3}, readRevisions(t, lag, limit/2))
+	c = h.srv.RecvCreate(t)
+	require.Equal(t, "lag", string(c.Key))
+	require.Equal(t, int64(2+limit), c.StartRevision)
 }
 
 // TestPausedWatchCompactedWhileAway: if the history a paused watch needs is
 // compacted before it resumes, it ends with *CompactedError, never a gap.
 func TestPausedWatchCompactedWhileAway(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithBufferLimit(2))
+	h := newHarness(t, etcdwatch.WithBufferLimit(2), etcdwatch.WithStallBudget(0))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	for rev := int64(2); rev <= 5; rev++ {
 		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("a", "v", rev)))
@@ -298,6 +407,7 @@ func TestOpenValidation(t *testing.T) {
 		{"nil conn", false, nil, "conn"},
 		{"buffer limit", true, etcdwatch.WithBufferLimit(0), "WithBufferLimit"},
 		{"progress retry", true, etcdwatch.WithProgressRetry(0), "WithProgressRetry"},
+		{"stall budget", true, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
 		{"nil logger", true, etcdwatch.WithLogger(nil), "WithLogger"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

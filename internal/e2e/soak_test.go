@@ -107,8 +107,8 @@ func TestSoak(t *testing.T) {
 		total += n
 	}
 	a, b := s.Stats(), tight.Stats()
-	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; pauses %d; duplicates dropped %d",
-		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
+	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; stalls %d; pauses %d; duplicates dropped %d",
+		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Stalls+b.Stalls, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a reader.

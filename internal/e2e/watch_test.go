@@ -304,8 +304,9 @@ func TestRequestProgress(t *testing.T) {
 	}
 }
 
-// TestStalledConsumerBesideBusyOne: a consumer that stops reading must not
-// hold up a busy watch on the same stream, and loses nothing once it reads.
+// TestStalledConsumerBesideBusyOne: a consumer that stops reading holds up a
+// busy watch on the same stream only for the stall budget (one stall, then
+// its watch is paused), and loses nothing once it reads.
 func TestStalledConsumerBesideBusyOne(t *testing.T) {
 	leakCheck(t)
 	s, kv, ctx := open(t, etcdwatch.WithBufferLimit(16)), client(t), ctx(t)
@@ -325,6 +326,7 @@ func TestStalledConsumerBesideBusyOne(t *testing.T) {
 		require.Equal(t, r2.Header.Revision, events[len(events)-1].ModRevision)
 	}
 	require.Positive(t, s.Stats().Pauses, "the stalled watch was never paused")
+	require.Equal(t, uint64(1), s.Stats().Stalls, "the stream waited more than once for a consumer that never read")
 	var got []int64
 	for len(got) < n {
 		for _, e := range nextEvents(t, stalled) {
@@ -333,7 +335,7 @@ func TestStalledConsumerBesideBusyOne(t *testing.T) {
 	}
 	require.Equal(t, stalledRevs, got)
 	st := s.Stats()
-	t.Logf("pauses %d, resumes %d", st.Pauses, st.Resumes)
+	t.Logf("stalls %d, pauses %d, resumes %d", st.Stalls, st.Pauses, st.Resumes)
 }
 
 // watchKeys opens goroutines*each watches, watch n on key(n), from that many
