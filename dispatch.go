@@ -74,7 +74,7 @@ func (d *dispatcher) run() {
 	defer d.shutdown()
 	for {
 		var (
-			recv <-chan *pb.WatchResponse
+			recv <-chan wireResponse
 			send chan<- []*pb.WatchRequest
 			dead <-chan struct{}
 		)
@@ -92,7 +92,7 @@ func (d *dispatcher) run() {
 			d.handleCommand(c)
 			d.drainCommands()
 		case resp := <-recv:
-			d.handleResponse(resp)
+			d.handleResponse(&resp)
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
@@ -119,14 +119,14 @@ const drainBatch = 64
 // drainResponses handles responses that are already waiting, through a
 // select far cheaper than the loop's. A burst of them then costs one
 // wake-up of the loop, not one each. A stall stops it.
-func (d *dispatcher) drainResponses(recv <-chan *pb.WatchResponse) {
+func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 	for range drainBatch {
 		if d.stall.w != nil {
 			return
 		}
 		select {
 		case resp := <-recv:
-			d.handleResponse(resp)
+			d.handleResponse(&resp)
 		default:
 			return
 		}
@@ -301,24 +301,24 @@ const (
 	kindWatch                              // events, fragments or progress of one watch
 )
 
-func kindOf(resp *pb.WatchResponse) responseKind {
+func kindOf(resp *wireResponse) responseKind {
 	switch {
 	case resp.Created:
 		return kindCreated
 	case resp.Canceled:
 		return kindCanceled
-	case resp.WatchId == -1 && len(resp.Events) == 0 && !resp.Fragment:
+	case resp.WatchID == -1 && len(resp.Events) == 0 && !resp.Fragment:
 		return kindStreamProgress
 	default:
 		return kindWatch
 	}
 }
 
-func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
+func (d *dispatcher) handleResponse(resp *wireResponse) {
 	d.s.stats.responses.Add(1)
 	d.s.stats.lastMessage.Store(time.Now().UnixNano())
 	d.live.heard = true
-	d.maxRev = max(d.maxRev, resp.Header.GetRevision())
+	d.maxRev = max(d.maxRev, resp.Header.Revision)
 	switch kindOf(resp) {
 	case kindCreated:
 		d.handleCreated(resp)
@@ -334,11 +334,11 @@ func (d *dispatcher) handleResponse(resp *pb.WatchResponse) {
 // handleCreated matches a created response to the oldest create in flight:
 // the server answers creates in request order, and a refused create carries
 // id -1, so order is the only reliable match.
-func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
+func (d *dispatcher) handleCreated(resp *wireResponse) {
 	w, ok := d.pending.Pop()
 	if !ok {
-		d.log.Warn("etcdwatch: created response without a create in flight", "id", resp.WatchId)
-		d.dropUnknown(resp.WatchId, !resp.Canceled)
+		d.log.Warn("etcdwatch: created response without a create in flight", "id", resp.WatchID)
+		d.dropUnknown(resp.WatchID, !resp.Canceled)
 		return
 	}
 	defer d.flushCreates()
@@ -346,7 +346,7 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 		d.handleRefused(w, classifyReason(resp.CancelReason))
 		return
 	}
-	id := resp.WatchId
+	id := resp.WatchID
 	if _, taken := d.watches[id]; taken || id < 0 {
 		d.log.Error("etcdwatch: server confirmed a watch with an unusable id", "id", id)
 		d.end(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id), kind: ErrServerCanceled}, false)
@@ -366,7 +366,7 @@ func (d *dispatcher) handleCreated(resp *pb.WatchResponse) {
 		d.forget(w)
 		return
 	}
-	d.activate(w, id, resp.Header.GetRevision())
+	d.activate(w, id, resp.Header.Revision)
 }
 
 // handleRefused ends a watch whose create the server refused. A stale auth
@@ -407,8 +407,8 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 }
 
 // handleCanceled ends the watch the server canceled, or settles a cancel of ours.
-func (d *dispatcher) handleCanceled(resp *pb.WatchResponse) {
-	id := resp.WatchId
+func (d *dispatcher) handleCanceled(resp *wireResponse) {
+	id := resp.WatchID
 	if _, ok := d.cancelling[id]; ok {
 		delete(d.cancelling, id)
 		return
@@ -428,17 +428,17 @@ func (d *dispatcher) handleCanceled(resp *pb.WatchResponse) {
 }
 
 // handleEvents routes events, fragments and per-watch progress by watch id.
-func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
-	w, ok := d.watches[resp.WatchId]
+func (d *dispatcher) handleEvents(resp *wireResponse) {
+	w, ok := d.watches[resp.WatchID]
 	if !ok {
-		d.dropUnknown(resp.WatchId, true)
+		d.dropUnknown(resp.WatchID, true)
 		return
 	}
 	if len(resp.Events) == 0 && !resp.Fragment { // a progress notification
 		d.bookmark(w, resp.Header)
 		return
 	}
-	events, skipped := appendEvents(d.frags[w], resp.Events, w.rev)
+	events, skipped := newerEvents(d.frags[w], resp.Events, w.rev)
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		d.frags[w] = events
@@ -451,7 +451,7 @@ func (d *dispatcher) handleEvents(resp *pb.WatchResponse) {
 	}
 	w.rev = events[len(events)-1].ModRevision
 	d.s.stats.events.Add(uint64(len(events)))
-	d.deliver(w, Response{Header: headerOf(resp.Header), Events: events, Revision: w.rev})
+	d.deliver(w, Response{Header: resp.Header, Events: events, Revision: w.rev})
 }
 
 // dropUnknown drops a response for an id the stream does not know, and asks
@@ -468,11 +468,11 @@ func (d *dispatcher) dropUnknown(id int64, live bool) {
 }
 
 // bookmark delivers a progress notification at the header's revision.
-func (d *dispatcher) bookmark(w *Watch, h *pb.ResponseHeader) {
-	rev := h.GetRevision()
+func (d *dispatcher) bookmark(w *Watch, h Header) {
+	rev := h.Revision
 	if _, inside := d.frags[w]; rev < w.rev || inside {
 		return // behind the watch (a future start revision), or inside a fragmented revision
 	}
 	w.rev = rev
-	d.deliver(w, Response{Header: headerOf(h), Revision: rev})
+	d.deliver(w, Response{Header: h, Revision: rev})
 }

@@ -31,7 +31,7 @@ func TestKindOf(t *testing.T) {
 		{"events for id -1 are not progress", &pb.WatchResponse{WatchId: -1, Events: ev}, kindWatch},
 		{"watch 0 is a watch", &pb.WatchResponse{WatchId: 0}, kindWatch},
 	} {
-		if got := kindOf(tc.resp); got != tc.want {
+		if got := kindOf(decoded(t, tc.resp)); got != tc.want {
 			t.Errorf("%s: kindOf = %d, want %d", tc.name, got, tc.want)
 		}
 	}
@@ -116,7 +116,7 @@ func (f *fuzzServer) send(resp *pb.WatchResponse) {
 		// caught up by now has outlasted it.
 		f.d.handleStallTimeout()
 	}
-	f.d.handleResponse(resp)
+	f.d.handleResponse(decoded(f.t, resp))
 }
 
 func (f *fuzzServer) pick(b byte) int64 {

@@ -1,7 +1,6 @@
 package etcdwatch
 
 import (
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
@@ -58,6 +57,11 @@ type Header struct {
 
 // Response is one delivery to a watch: the events of one or more whole
 // revisions in order, or, with no events, a progress bookmark.
+//
+// A Response belongs to its consumer, who may keep and modify it. The keys
+// and values of its events share one buffer, the size of the message that
+// carried them (appending to one never changes another): keeping a single
+// key keeps that buffer alive, so copy what you keep for long.
 type Response struct {
 	Header Header
 	Events []Event
@@ -69,39 +73,20 @@ type Response struct {
 // IsProgress reports whether r is a bookmark, a response without events.
 func (r Response) IsProgress() bool { return len(r.Events) == 0 }
 
-func headerOf(h *pb.ResponseHeader) Header {
-	if h == nil {
-		return Header{}
+// newerEvents keeps the events of src with ModRevision > after: appended to
+// dst if dst holds earlier fragments of the revision, else in src itself,
+// which the caller owns. It returns the events and how many it dropped.
+func newerEvents(dst, src []Event, after int64) ([]Event, int) {
+	if dst == nil {
+		dst = src[:0]
 	}
-	return Header{ClusterID: h.ClusterId, MemberID: h.MemberId, RaftTerm: h.RaftTerm, Revision: h.Revision}
-}
-
-func keyValueOf(kv *mvccpb.KeyValue) KeyValue {
-	if kv == nil {
-		return KeyValue{}
-	}
-	return KeyValue{
-		Key: kv.Key, Value: kv.Value,
-		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
-		Version: kv.Version, Lease: kv.Lease,
-	}
-}
-
-// appendEvents converts the wire events with ModRevision > after and appends
-// them to dst. It returns dst and how many events it skipped.
-func appendEvents(dst []Event, src []*mvccpb.Event, after int64) ([]Event, int) {
 	skipped := 0
 	for _, e := range src {
-		if e == nil || e.Kv == nil || e.Kv.ModRevision <= after {
+		if e.ModRevision <= after {
 			skipped++
 			continue
 		}
-		ev := Event{Type: EventType(e.Type), KeyValue: keyValueOf(e.Kv)}
-		if e.PrevKv != nil {
-			prev := keyValueOf(e.PrevKv)
-			ev.PrevKV = &prev
-		}
-		dst = append(dst, ev)
+		dst = append(dst, e)
 	}
 	return dst, skipped
 }

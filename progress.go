@@ -52,12 +52,12 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 
 // handleStreamProgress takes a stream-wide progress response (id -1): every
 // active watch gets a bookmark, and waiting RequestProgress calls the revision.
-func (d *dispatcher) handleStreamProgress(resp *pb.WatchResponse) {
+func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	for _, w := range d.watches {
 		d.bookmark(w, resp.Header)
 	}
 	p := &d.progress
-	rev := resp.Header.GetRevision()
+	rev := resp.Header.Revision
 	var stay []*progressWaiter
 	for _, w := range p.waiting {
 		if rev < w.minRev {

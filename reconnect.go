@@ -40,7 +40,8 @@ func (d *dispatcher) connect() {
 func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
 	for len(d.sess.recv) > 0 && d.stall.w == nil { // what arrived before the end still counts
-		d.handleResponse(<-d.sess.recv)
+		resp := <-d.sess.recv
+		d.handleResponse(&resp)
 	}
 	if w := d.stall.w; w != nil {
 		d.pause(w) // its server-side watch is gone; it is re-created once its consumer catches up

@@ -11,20 +11,32 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// wireStream is the part of a gRPC Watch stream the dispatcher needs. Tests
-// drive the dispatcher through it with a scripted server.
+// wireStream is the part of a gRPC Watch stream the dispatcher needs. Recv
+// decodes the next response into r.
 type wireStream interface {
 	Send(*pb.WatchRequest) error
-	Recv() (*pb.WatchResponse, error)
+	Recv(r *wireResponse) error
 }
 
 // opener opens a wire stream that lives until ctx ends.
 type opener func(ctx context.Context) (wireStream, error)
 
+// grpcOpener opens etcd's Watch RPC on conn, decoding responses with codec.
 func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
-	client := pb.NewWatchClient(conn)
-	return func(ctx context.Context) (wireStream, error) { return client.Watch(ctx, callOpts...) }
+	opts := append([]grpc.CallOption{grpc.ForceCodecV2(newCodec())}, callOpts...)
+	return func(ctx context.Context) (wireStream, error) {
+		cs, err := conn.NewStream(ctx, &pb.Watch_ServiceDesc.Streams[0], pb.Watch_Watch_FullMethodName, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return grpcStream{cs}, nil
+	}
 }
+
+type grpcStream struct{ grpc.ClientStream }
+
+func (g grpcStream) Send(r *pb.WatchRequest) error { return g.SendMsg(r) }
+func (g grpcStream) Recv(r *wireResponse) error    { return g.RecvMsg(r) }
 
 // requireLeader makes the server refuse and end streams while it has no leader.
 func requireLeader(open opener) opener {
@@ -41,7 +53,7 @@ func requireLeader(open opener) opener {
 type session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	recv   chan *pb.WatchResponse  // recvLoop -> dispatcher, readAhead deep
+	recv   chan wireResponse       // recvLoop -> dispatcher, readAhead deep
 	send   chan []*pb.WatchRequest // dispatcher -> sendLoop
 	dead   chan struct{}           // closed by exit
 	err    error                   // why the session ended; read after dead is closed
@@ -60,7 +72,7 @@ func startSession(open opener) *session {
 	s := &session{
 		ctx:    ctx,
 		cancel: cancel,
-		recv:   make(chan *pb.WatchResponse, readAhead),
+		recv:   make(chan wireResponse, readAhead),
 		send:   make(chan []*pb.WatchRequest),
 		dead:   make(chan struct{}),
 	}
@@ -99,9 +111,9 @@ func (s *session) recvLoop(open opener) error {
 			s.exit(err)
 		}
 	}()
+	var resp wireResponse // decoded into, then copied to the dispatcher
 	for {
-		resp, err := ws.Recv()
-		if err != nil {
+		if err := ws.Recv(&resp); err != nil {
 			return err
 		}
 		select {

@@ -1,0 +1,195 @@
+package etcdwatch
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// decoded serializes resp as a server would and decodes it as the Stream does.
+func decoded(t testing.TB, resp *pb.WatchResponse) *wireResponse {
+	t.Helper()
+	b, err := proto.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r wireResponse
+	if err := r.decode(b); err != nil {
+		t.Fatalf("decode %v: %v", resp, err)
+	}
+	return &r
+}
+
+// fromPB is what decode must produce for m: the generic decoder's result in
+// this package's types.
+func fromPB(m *pb.WatchResponse) wireResponse {
+	r := wireResponse{
+		WatchID: m.WatchId, Created: m.Created, Canceled: m.Canceled,
+		CompactRevision: m.CompactRevision, CancelReason: m.CancelReason, Fragment: m.Fragment,
+	}
+	if h := m.Header; h != nil {
+		r.Header = Header{ClusterID: h.ClusterId, MemberID: h.MemberId, RaftTerm: h.RaftTerm, Revision: h.Revision}
+	}
+	kvOf := func(kv *mvccpb.KeyValue) KeyValue {
+		if kv == nil {
+			return KeyValue{}
+		}
+		return KeyValue{Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision,
+			ModRevision: kv.ModRevision, Version: kv.Version, Lease: kv.Lease}
+	}
+	for _, e := range m.Events {
+		ev := Event{}
+		if e != nil {
+			ev = Event{Type: EventType(e.Type), KeyValue: kvOf(e.Kv)}
+			if e.PrevKv != nil {
+				prev := kvOf(e.PrevKv)
+				ev.PrevKV = &prev
+			}
+		}
+		r.Events = append(r.Events, ev)
+	}
+	return r
+}
+
+func equalKV(a, b KeyValue) bool {
+	return bytes.Equal(a.Key, b.Key) && bytes.Equal(a.Value, b.Value) && a.CreateRevision == b.CreateRevision &&
+		a.ModRevision == b.ModRevision && a.Version == b.Version && a.Lease == b.Lease
+}
+
+func equalResponses(a, b wireResponse) bool {
+	if a.Header != b.Header || a.WatchID != b.WatchID || a.Created != b.Created || a.Canceled != b.Canceled ||
+		a.CompactRevision != b.CompactRevision || a.CancelReason != b.CancelReason || a.Fragment != b.Fragment ||
+		len(a.Events) != len(b.Events) {
+		return false
+	}
+	for i := range a.Events {
+		x, y := a.Events[i], b.Events[i]
+		if x.Type != y.Type || !equalKV(x.KeyValue, y.KeyValue) || (x.PrevKV == nil) != (y.PrevKV == nil) ||
+			(x.PrevKV != nil && !equalKV(*x.PrevKV, *y.PrevKV)) {
+			return false
+		}
+	}
+	return true
+}
+
+func kv(key, value string, rev int64) *mvccpb.KeyValue {
+	return &mvccpb.KeyValue{Key: []byte(key), Value: []byte(value), CreateRevision: 2, ModRevision: rev, Version: 3, Lease: 7}
+}
+
+// decodeCases are responses of every kind a server sends.
+var decodeCases = []*pb.WatchResponse{
+	{},
+	{Header: &pb.ResponseHeader{ClusterId: 1 << 63, MemberId: 2, Revision: 99, RaftTerm: 4}, WatchId: 5, Created: true},
+	{WatchId: -1, Created: true, Canceled: true, CancelReason: "etcdserver: permission denied"},
+	{WatchId: 3, Canceled: true, CompactRevision: 40},
+	{WatchId: -1, Header: &pb.ResponseHeader{Revision: 12}},
+	{WatchId: 3, Fragment: true, Events: []*mvccpb.Event{{Kv: kv("a", "1", 9)}}},
+	{WatchId: 3, Events: []*mvccpb.Event{
+		{Kv: kv("a", "1", 9)},
+		{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: []byte("b"), ModRevision: 9}, PrevKv: kv("b", "old", 8)},
+		{Kv: kv("c", "", 10), PrevKv: &mvccpb.KeyValue{}},
+		{},
+	}},
+}
+
+func TestDecode(t *testing.T) {
+	for _, m := range decodeCases {
+		got, want := *decoded(t, m), fromPB(m)
+		if !equalResponses(got, want) {
+			t.Errorf("decode(%v)\n got %+v\nwant %+v", m, got, want)
+		}
+	}
+}
+
+// TestDecodeKeepsNoBufferAlias: keys and values are copies, since gRPC reuses
+// the buffer, and appending to one cannot overwrite the next.
+func TestDecodeKeepsNoBufferAlias(t *testing.T) {
+	b, err := proto.Marshal(decodeCases[len(decodeCases)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r wireResponse
+	if err := r.decode(b); err != nil {
+		t.Fatal(err)
+	}
+	clear(b)
+	if string(r.Events[0].Key) != "a" || string(r.Events[1].PrevKV.Value) != "old" {
+		t.Fatalf("decoded events changed with the buffer: %+v", r.Events)
+	}
+	_ = append(r.Events[0].Key, 'x')
+	if string(r.Events[0].Value) != "1" {
+		t.Fatalf("appending to a key overwrote its value: %q", r.Events[0].Value)
+	}
+}
+
+func TestDecodeMalformed(t *testing.T) {
+	good, err := proto.Marshal(decodeCases[len(decodeCases)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{
+		"truncated":        good[:len(good)-1],
+		"bad tag":          {0x80},
+		"field 0":          protowire.AppendTag(nil, 0, protowire.VarintType),
+		"length past end":  {byte(fieldRespEvents<<3 | 2), 5, 1},
+		"reason not UTF-8": protowire.AppendBytes(protowire.AppendTag(nil, fieldRespCancelReason, protowire.BytesType), []byte{0xff}),
+	} {
+		var r wireResponse
+		if err := r.decode(b); !errors.Is(err, errMalformed) {
+			t.Errorf("%s: decode err = %v, want errMalformed", name, err)
+		}
+	}
+}
+
+// TestDecodeAllocations: two allocations per response with events (the
+// events and their bytes), one more with PrevKV, none without events.
+func TestDecodeAllocations(t *testing.T) {
+	for _, tc := range []struct {
+		m    *pb.WatchResponse
+		want float64
+	}{
+		{decodeCases[1], 0},
+		{&pb.WatchResponse{WatchId: 3, Events: []*mvccpb.Event{{Kv: kv("a", "1", 9)}, {Kv: kv("b", "2", 9)}}}, 2},
+		{decodeCases[len(decodeCases)-1], 3},
+	} {
+		b, err := proto.Marshal(tc.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r wireResponse
+		if got := testing.AllocsPerRun(100, func() { _ = r.decode(b) }); got != tc.want {
+			t.Errorf("decode(%v): %v allocations, want %v", tc.m, got, tc.want)
+		}
+	}
+}
+
+// FuzzDecode checks decode against the generic protobuf decoder on any
+// bytes: both accept or both refuse, and what they accept is the same.
+func FuzzDecode(f *testing.F) {
+	for _, m := range decodeCases {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want pb.WatchResponse
+		wantErr := proto.Unmarshal(b, &want)
+		var got wireResponse
+		err := got.decode(b)
+		switch {
+		case wantErr != nil && err == nil:
+			t.Fatalf("decode accepted what protobuf refuses (%v): %+v", wantErr, got)
+		case wantErr == nil && err != nil:
+			t.Fatalf("decode refused what protobuf accepts (%v): %v", &want, err)
+		case err == nil && !equalResponses(got, fromPB(&want)):
+			t.Fatalf("decode differs from protobuf\n got %+v\nwant %v", got, &want)
+		}
+	})
+}
