@@ -256,8 +256,132 @@ func nextField(b []byte) (f field, rest []byte, err error) {
 	return f, b[n:], nil
 }
 
-// codec is the gRPC codec of the Watch stream: requests go through gRPC's
-// protobuf codec, and responses are decoded into wireResponse.
+// requestKind says which of etcd's three watch requests a wireRequest is.
+type requestKind uint8
+
+const (
+	requestCreate requestKind = iota + 1
+	requestCancel
+	requestProgress
+)
+
+// wireRequest is an etcdserverpb.WatchRequest as the dispatcher queues it;
+// the codec encodes it without building the generated messages.
+type wireRequest struct {
+	kind  requestKind
+	id    int64    // create: the id asked for; cancel: the watch to cancel
+	start int64    // create: the first revision, 0 for "from now"
+	watch *Request // create: what to watch; its Watch's, never modified
+}
+
+// Field numbers of WatchRequest and the requests it carries.
+const (
+	fieldReqCreate   = 1
+	fieldReqCancel   = 2
+	fieldReqProgress = 3
+
+	fieldCreateKey            = 1
+	fieldCreateRangeEnd       = 2
+	fieldCreateStartRevision  = 3
+	fieldCreateProgressNotify = 4
+	fieldCreateFilters        = 5 // packed enums: NOPUT = 0, NODELETE = 1
+	fieldCreatePrevKV         = 6
+	fieldCreateWatchID        = 7
+	fieldCreateFragment       = 8
+
+	fieldCancelWatchID = 1
+)
+
+// encode returns r serialized as protobuf would: fields in number order,
+// zero values left out.
+func (r *wireRequest) encode() []byte {
+	switch r.kind {
+	case requestCreate:
+		inner := r.createSize()
+		b := make([]byte, 0, protowire.SizeTag(fieldReqCreate)+protowire.SizeBytes(inner))
+		b = protowire.AppendTag(b, fieldReqCreate, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(inner))
+		return r.appendCreate(b)
+	case requestCancel:
+		var inner []byte
+		inner = appendVarintField(inner, fieldCancelWatchID, uint64(r.id))
+		b := protowire.AppendTag(make([]byte, 0, 2+len(inner)), fieldReqCancel, protowire.BytesType)
+		return protowire.AppendBytes(b, inner)
+	default:
+		return protowire.AppendBytes(protowire.AppendTag(nil, fieldReqProgress, protowire.BytesType), nil)
+	}
+}
+
+// filters returns the packed filter list of a create, in encoded form.
+func (r *wireRequest) filters() (f [2]byte, n int) {
+	if r.watch.NoPut {
+		f[n], n = 0, n+1 // NOPUT
+	}
+	if r.watch.NoDelete {
+		f[n], n = 1, n+1 // NODELETE
+	}
+	return f, n
+}
+
+func (r *wireRequest) appendCreate(b []byte) []byte {
+	w := r.watch
+	b = appendBytesField(b, fieldCreateKey, w.Key)
+	b = appendBytesField(b, fieldCreateRangeEnd, w.End)
+	b = appendVarintField(b, fieldCreateStartRevision, uint64(r.start))
+	b = appendVarintField(b, fieldCreateProgressNotify, protowire.EncodeBool(w.ProgressNotify))
+	if f, n := r.filters(); n > 0 {
+		b = appendBytesField(b, fieldCreateFilters, f[:n])
+	}
+	b = appendVarintField(b, fieldCreatePrevKV, protowire.EncodeBool(w.PrevKV))
+	b = appendVarintField(b, fieldCreateWatchID, uint64(r.id))
+	return appendVarintField(b, fieldCreateFragment, protowire.EncodeBool(w.Fragment))
+}
+
+func (r *wireRequest) createSize() int {
+	w := r.watch
+	n := bytesFieldSize(fieldCreateKey, len(w.Key)) + bytesFieldSize(fieldCreateRangeEnd, len(w.End)) +
+		varintFieldSize(fieldCreateStartRevision, uint64(r.start)) +
+		varintFieldSize(fieldCreateProgressNotify, protowire.EncodeBool(w.ProgressNotify)) +
+		varintFieldSize(fieldCreatePrevKV, protowire.EncodeBool(w.PrevKV)) +
+		varintFieldSize(fieldCreateWatchID, uint64(r.id)) +
+		varintFieldSize(fieldCreateFragment, protowire.EncodeBool(w.Fragment))
+	if _, k := r.filters(); k > 0 {
+		n += bytesFieldSize(fieldCreateFilters, k)
+	}
+	return n
+}
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+}
+
+func appendBytesField(b []byte, num protowire.Number, v []byte) []byte {
+	if len(v) == 0 {
+		return b
+	}
+	return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
+}
+
+func varintFieldSize(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func bytesFieldSize(num protowire.Number, n int) int {
+	if n == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(n)
+}
+
+// codec is the gRPC codec of the Watch stream: it encodes wireRequest and
+// decodes into wireResponse, and leaves any other message to gRPC's
+// protobuf codec.
 type codec struct{ proto encoding.CodecV2 }
 
 func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
@@ -265,7 +389,12 @@ func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
 // Name is the content-subtype: the one every etcd server registers.
 func (codec) Name() string { return "proto" }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*wireRequest); ok {
+		return mem.BufferSlice{mem.SliceBuffer(r.encode())}, nil
+	}
+	return c.proto.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	r, ok := v.(*wireResponse)

@@ -11,6 +11,70 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// encoded is r as a server decodes it.
+func encoded(t testing.TB, r *wireRequest) *pb.WatchRequest {
+	t.Helper()
+	var m pb.WatchRequest
+	if err := proto.Unmarshal(r.encode(), &m); err != nil {
+		t.Fatalf("encode %+v: %v", r, err)
+	}
+	return &m
+}
+
+// createPB is the create request generic protobuf would send for r.
+func createPB(r Request, id, start int64) *pb.WatchRequest {
+	c := &pb.WatchCreateRequest{Key: r.Key, RangeEnd: r.End, StartRevision: start, ProgressNotify: r.ProgressNotify,
+		PrevKv: r.PrevKV, Fragment: r.Fragment, WatchId: id}
+	if r.NoPut {
+		c.Filters = append(c.Filters, pb.WatchCreateRequest_NOPUT)
+	}
+	if r.NoDelete {
+		c.Filters = append(c.Filters, pb.WatchCreateRequest_NODELETE)
+	}
+	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}
+}
+
+// TestEncode: requests are byte for byte what generic protobuf writes.
+func TestEncode(t *testing.T) {
+	every := Prefix("p").WithPrevKV().WithProgressNotify().WithFragment().WithoutDeletes().FromRevision(1 << 40)
+	for _, tc := range []struct {
+		r    wireRequest
+		want *pb.WatchRequest
+	}{
+		{wireRequest{kind: requestCreate, id: 1, watch: &Request{Key: []byte("k")}}, createPB(Key("k"), 1, 0)},
+		{wireRequest{kind: requestCreate, id: 300, start: 7, watch: &every}, createPB(every, 300, 7)},
+		{wireRequest{kind: requestCreate, id: 2, watch: &Request{End: []byte{0}, NoPut: true}}, createPB(Request{End: []byte{0}, NoPut: true}, 2, 0)},
+		{wireRequest{kind: requestCancel, id: 9}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: 9}}}},
+		{wireRequest{kind: requestCancel, id: 0}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{}}}},
+		{wireRequest{kind: requestProgress}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}},
+	} {
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(tc.want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tc.r.encode(); !bytes.Equal(got, want) {
+			t.Errorf("encode(%v)\n got %x\nwant %x", tc.want, got, want)
+		}
+	}
+}
+
+// FuzzEncode: any create request round-trips through protobuf.
+func FuzzEncode(f *testing.F) {
+	f.Add([]byte("k"), []byte(""), int64(0), int64(1), uint8(0))
+	f.Add([]byte(""), []byte{0}, int64(1<<62), int64(-1), uint8(0xff))
+	f.Fuzz(func(t *testing.T, key, end []byte, start, id int64, flags uint8) {
+		r := Request{Key: key, End: end, PrevKV: flags&1 != 0, NoPut: flags&2 != 0, NoDelete: flags&4 != 0,
+			ProgressNotify: flags&8 != 0, Fragment: flags&16 != 0}
+		want, err := proto.Marshal(createPB(r, id, start))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := (&wireRequest{kind: requestCreate, id: id, start: start, watch: &r}).encode(); !bytes.Equal(got, want) {
+			t.Fatalf("encode differs from protobuf\n got %x\nwant %x", got, want)
+		}
+	})
+}
+
 // decoded serializes resp as a server would and decodes it as the Stream does.
 func decoded(t testing.TB, resp *pb.WatchResponse) *wireResponse {
 	t.Helper()

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 )
 
@@ -43,7 +41,7 @@ type dispatcher struct {
 	idsTrusted bool                // this stream has echoed a chosen id: creates may be pipelined
 	idsIgnored bool                // this stream picked its own id (a proxy): one create at a time
 	maxRev     int64               // highest header revision seen, for RequestProgress freshness
-	outbox     []*pb.WatchRequest  // requests waiting for the session's sendLoop
+	outbox     []wireRequest       // requests waiting for the session's sendLoop
 	frags      map[*Watch][]Event  // events of fragmented responses awaiting their last piece
 
 	progress progressState
@@ -75,7 +73,7 @@ func (d *dispatcher) run() {
 	for {
 		var (
 			recv <-chan wireResponse
-			send chan<- []*pb.WatchRequest
+			send chan<- []wireRequest
 			dead <-chan struct{}
 		)
 		if d.sess != nil {
@@ -227,7 +225,7 @@ func (d *dispatcher) flushCreates() {
 		if w.fromNow {
 			start = 0
 		}
-		d.outbox = append(d.outbox, w.req.createRequest(w.reqID, start))
+		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: w.reqID, start: start, watch: &w.req})
 		d.pending.Push(w)
 	}
 }
@@ -244,8 +242,7 @@ func (d *dispatcher) newID() int64 {
 
 func (d *dispatcher) sendCancel(id int64) {
 	d.cancelling[id] = struct{}{}
-	d.outbox = append(d.outbox, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{
-		CancelRequest: &pb.WatchCancelRequest{WatchId: id}}})
+	d.outbox = append(d.outbox, wireRequest{kind: requestCancel, id: id})
 }
 
 // forget drops a watch that has ended or was abandoned.

@@ -88,7 +88,8 @@ func (f *fuzzServer) reconnect() {
 
 func (f *fuzzServer) readOutbox() {
 	f.reconnect()
-	for _, req := range f.d.outbox {
+	for _, r := range f.d.outbox {
+		req := encoded(f.t, &r)
 		switch {
 		case req.GetCreateRequest() != nil:
 			f.creates = append(f.creates, req.GetCreateRequest())

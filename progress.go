@@ -4,8 +4,6 @@ import (
 	"context"
 	"slices"
 	"time"
-
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
 
 // progressWaiter is one RequestProgress call waiting for an answer.
@@ -98,8 +96,7 @@ func (d *dispatcher) hasWatches() bool {
 }
 
 func (d *dispatcher) sendProgress() {
-	d.outbox = append(d.outbox, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{
-		ProgressRequest: &pb.WatchProgressRequest{}}})
+	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
 	p.inFlight = true
 	p.reset(p.retry)

@@ -3,8 +3,6 @@ package etcdwatch
 import (
 	"bytes"
 	"fmt"
-
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 )
 
 // Request describes one watch: which keys, from which revision, and which
@@ -98,26 +96,6 @@ func (r Request) String() string {
 	default:
 		return fmt.Sprintf("keys [%q, %q)", r.Key, r.End)
 	}
-}
-
-// createRequest is the wire form of r, asking for watch id and starting at rev.
-func (r Request) createRequest(id, rev int64) *pb.WatchRequest {
-	c := &pb.WatchCreateRequest{
-		Key:            r.Key,
-		RangeEnd:       r.End,
-		StartRevision:  rev,
-		ProgressNotify: r.ProgressNotify,
-		PrevKv:         r.PrevKV,
-		Fragment:       r.Fragment,
-		WatchId:        id,
-	}
-	if r.NoPut {
-		c.Filters = append(c.Filters, pb.WatchCreateRequest_NOPUT)
-	}
-	if r.NoDelete {
-		c.Filters = append(c.Filters, pb.WatchCreateRequest_NODELETE)
-	}
-	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}
 }
 
 // clone returns r with its own copies of Key and End, so that a caller who

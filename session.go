@@ -14,7 +14,7 @@ import (
 // wireStream is the part of a gRPC Watch stream the dispatcher needs. Recv
 // decodes the next response into r.
 type wireStream interface {
-	Send(*pb.WatchRequest) error
+	Send(*wireRequest) error
 	Recv(r *wireResponse) error
 }
 
@@ -35,8 +35,8 @@ func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opene
 
 type grpcStream struct{ grpc.ClientStream }
 
-func (g grpcStream) Send(r *pb.WatchRequest) error { return g.SendMsg(r) }
-func (g grpcStream) Recv(r *wireResponse) error    { return g.RecvMsg(r) }
+func (g grpcStream) Send(r *wireRequest) error  { return g.SendMsg(r) }
+func (g grpcStream) Recv(r *wireResponse) error { return g.RecvMsg(r) }
 
 // requireLeader makes the server refuse and end streams while it has no leader.
 func requireLeader(open opener) opener {
@@ -53,10 +53,10 @@ func requireLeader(open opener) opener {
 type session struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	recv   chan wireResponse       // recvLoop -> dispatcher, readAhead deep
-	send   chan []*pb.WatchRequest // dispatcher -> sendLoop
-	dead   chan struct{}           // closed by exit
-	err    error                   // why the session ended; read after dead is closed
+	recv   chan wireResponse  // recvLoop -> dispatcher, readAhead deep
+	send   chan []wireRequest // dispatcher -> sendLoop
+	dead   chan struct{}      // closed by exit
+	err    error              // why the session ended; read after dead is closed
 	once   sync.Once
 	wg     sync.WaitGroup // recvLoop and sendLoop
 }
@@ -73,7 +73,7 @@ func startSession(open opener) *session {
 		ctx:    ctx,
 		cancel: cancel,
 		recv:   make(chan wireResponse, readAhead),
-		send:   make(chan []*pb.WatchRequest),
+		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
 	}
 	s.wg.Add(1)
@@ -130,8 +130,8 @@ func (s *session) sendLoop(ws wireStream) error {
 	for {
 		select {
 		case batch := <-s.send:
-			for _, req := range batch {
-				if err := ws.Send(req); err != nil {
+			for i := range batch {
+				if err := ws.Send(&batch[i]); err != nil {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
