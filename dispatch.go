@@ -1,6 +1,7 @@
 package etcdwatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +12,10 @@ import (
 
 // Commands other goroutines send to the dispatcher through Stream.cmds.
 type (
-	createCmd   struct{ w *Watch }          // open w
+	createCmd struct { // open w, ending it with ctx
+		w   *Watch
+		ctx context.Context
+	}
 	cancelCmd   struct{ w *Watch }          // w was ended by its consumer: release it
 	resumeCmd   struct{ w *Watch }          // the consumer of paused w has caught up
 	progressCmd struct{ p *progressWaiter } // a RequestProgress call waits
@@ -32,17 +36,18 @@ type dispatcher struct {
 	retry     timer     // fires to open the next session
 	live      liveness  // notices a stream that has gone silent
 
-	watches    map[int64]*Watch    // active watches by server id
-	paused     map[*Watch]struct{} // paused watches, waiting for their consumers
-	cancelling map[int64]struct{}  // ids whose cancel was sent and not yet answered
-	toCreate   ring.Ring[*Watch]   // creates not yet sent
-	pending    ring.Ring[*Watch]   // creates sent, in request order
-	nextID     int64               // last client-chosen id; ids are never reused on a stream
-	idsTrusted bool                // this stream has echoed a chosen id: creates may be pipelined
-	idsIgnored bool                // this stream picked its own id (a proxy): one create at a time
-	maxRev     int64               // highest header revision seen, for RequestProgress freshness
-	outbox     []wireRequest       // requests waiting for the session's sendLoop
-	frags      map[*Watch][]Event  // events of fragmented responses awaiting their last piece
+	watches    map[int64]*Watch              // active watches by server id
+	paused     map[*Watch]struct{}           // paused watches, waiting for their consumers
+	cancelling map[int64]struct{}            // ids whose cancel was sent and not yet answered
+	toCreate   ring.Ring[*Watch]             // creates not yet sent
+	pending    ring.Ring[*Watch]             // creates sent, in request order
+	nextID     int64                         // last client-chosen id; ids are never reused on a stream
+	idsTrusted bool                          // this stream has echoed a chosen id: creates may be pipelined
+	idsIgnored bool                          // this stream picked its own id (a proxy): one create at a time
+	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
+	outbox     []wireRequest                 // requests waiting for the session's sendLoop
+	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece
+	ctxs       map[<-chan struct{}]*ctxGroup // watches by the Done channel of their contexts
 
 	progress progressState
 	stall    stall // a consumer at its buffer limit holding up the stream
@@ -58,6 +63,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		paused:     make(map[*Watch]struct{}),
 		cancelling: make(map[int64]struct{}),
 		frags:      make(map[*Watch][]Event),
+		ctxs:       make(map[<-chan struct{}]*ctxGroup),
 		progress:   progressState{retry: s.opts.progressRetry},
 		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
@@ -172,7 +178,9 @@ func (d *dispatcher) shutdown() {
 func (d *dispatcher) handleCommand(c any) {
 	switch c := c.(type) {
 	case createCmd:
-		d.handleCreate(c.w)
+		d.handleCreate(c.w, c.ctx)
+	case ctxDoneCmd:
+		d.handleCtxDone(c.g)
 	case cancelCmd:
 		d.handleCancel(c.w)
 	case resumeCmd:
@@ -182,12 +190,13 @@ func (d *dispatcher) handleCommand(c any) {
 	}
 }
 
-func (d *dispatcher) handleCreate(w *Watch) {
+func (d *dispatcher) handleCreate(w *Watch, ctx context.Context) {
 	if d.failed != nil {
 		w.tellCreated(d.failed)
 		w.end(d.failed, true)
 		return
 	}
+	d.bind(w, ctx)
 	d.s.stats.watches.Add(1)
 	d.toCreate.Push(w)
 	d.flushCreates()
@@ -252,6 +261,7 @@ func (d *dispatcher) forget(w *Watch) {
 		d.s.stats.paused.Add(-1)
 	}
 	d.endStall(w)
+	d.unbind(w)
 	w.state = stateDone
 	delete(d.frags, w)
 	if !w.probe {

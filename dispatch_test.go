@@ -69,8 +69,12 @@ type fuzzServer struct {
 	live    map[int64]string         // server's watches: id -> key
 	ids     []int64                  // live ids in creation order, for picking
 	watches []*Watch
-	wg      sync.WaitGroup // consumers
+	wg      sync.WaitGroup  // consumers
+	ctx     context.Context // bounds some watches; ended by a step
+	cancel  context.CancelCauseFunc
 }
+
+var errFuzzContext = errors.New("fuzz: context ended")
 
 // reconnect replaces the session if the dispatcher ended it; the next
 // stream starts with no watches.
@@ -171,7 +175,11 @@ func (f *fuzzServer) step(op, arg byte) {
 		w := newWatch(f.d.s, r)
 		f.watches = append(f.watches, w)
 		f.consume(w)
-		f.d.handleCreate(w)
+		ctx := context.Background()
+		if arg%4 == 1 {
+			ctx = f.ctx
+		}
+		f.d.handleCreate(w, ctx)
 	case 1, 2, 3: // the server answers the oldest create: as asked, refused, or with its own id
 		if len(f.creates) == 0 {
 			return
@@ -231,7 +239,14 @@ func (f *fuzzServer) step(op, arg byte) {
 			id = f.pick(arg)
 		}
 		f.send(&pb.WatchResponse{WatchId: id})
-	case 9: // a consumer cancels, or the server answers a cancel
+	case 9: // a context ends, a consumer cancels, or the server answers a cancel
+		if arg%8 == 6 {
+			f.cancel(errFuzzContext)
+			if g := f.d.ctxs[f.ctx.Done()]; g != nil {
+				f.d.handleCtxDone(g) // the AfterFunc's command may come later, or never
+			}
+			return
+		}
 		if arg%2 == 0 && len(f.watches) > 0 {
 			w := f.watches[int(arg/2)%len(f.watches)]
 			if w.end(ErrCanceled, true) {
@@ -264,6 +279,8 @@ func FuzzDispatcher(f *testing.F) {
 		d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 		d.sess = startSession(d.open)
 		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
+		f.ctx, f.cancel = context.WithCancelCause(context.Background())
+		defer f.cancel(nil)
 		for i := 0; i+1 < len(script); i += 2 {
 			f.step(script[i], script[i+1])
 		}
@@ -273,6 +290,9 @@ func FuzzDispatcher(f *testing.F) {
 		f.wg.Wait()
 		if n := s.stats.watches.Load(); n != 0 {
 			t.Errorf("%d watches still counted after shutdown", n)
+		}
+		if len(d.ctxs) != 0 {
+			t.Errorf("%d context registrations outlive their watches", len(d.ctxs))
 		}
 	})
 }

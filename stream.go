@@ -76,7 +76,7 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 	w := newWatch(s, r.clone())
 	created := make(chan error, 1)
 	w.created = created // the dispatcher's from here on
-	if !s.command(createCmd{w}) {
+	if !s.command(createCmd{w, ctx}) {
 		return nil, ErrClosed
 	}
 	select {
@@ -90,16 +90,6 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 	case <-s.done:
 		return nil, ErrClosed
 	}
-	if ctx.Done() == nil {
-		return w, nil // a context that never ends needs no watching
-	}
-	stop := context.AfterFunc(ctx, func() { w.cancelWith(context.Cause(ctx)) })
-	w.mu.Lock()
-	w.stopCtx = stop
-	if w.ended {
-		stop()
-	}
-	w.mu.Unlock()
 	return w, nil
 }
 

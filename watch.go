@@ -31,13 +31,13 @@ type Watch struct {
 	id        atomic.Int64 // server's id for the watch; written by the dispatcher
 	delivered atomic.Int64 // Revision(); written by whoever hands a Response to the consumer
 
-	out     chan Response // Responses(); closed exactly once, by closeOut
-	err     error         // why the watch ended; written before over is set
-	over    atomic.Bool   // out is closed (or about to be): Err may read err
-	stopCtx func() bool   // releases the context's AfterFunc; nil if none
+	out  chan Response // Responses(); closed exactly once, by closeOut
+	err  error         // why the watch ended; written before over is set
+	over atomic.Bool   // out is closed (or about to be): Err may read err
 
 	// Owned by the dispatcher.
 	created     chan error // to Stream.Watch, the first create's outcome; nil once told
+	group       *ctxGroup  // the watches whose contexts end with this one's; nil if it never ends
 	state       watchState
 	reqID       int64 // id asked for in the create in flight
 	fromNow     bool  // created with Revision 0 and not yet confirmed
@@ -267,9 +267,6 @@ func (w *Watch) end(err error, drop bool) bool {
 	if first {
 		w.ended = true
 		w.err = err
-		if w.stopCtx != nil {
-			w.stopCtx()
-		}
 	}
 	if drop && !w.dropped {
 		w.dropped = true

@@ -315,6 +315,53 @@ func TestWatchEndsWithItsContext(t *testing.T) {
 	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
 }
 
+// TestWatchesSharingAContextEndTogether: watches under one context (or
+// contexts that share its Done channel) all end with its cause when it
+// ends, each released on the server; other watches, and watches that had
+// already ended, are not touched.
+func TestWatchesSharingAContextEndTogether(t *testing.T) {
+	h := newHarness(t)
+	type key struct{}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	open := func(ctx context.Context, k string) *etcdwatch.Watch {
+		res := h.watchAsync(ctx, etcdwatch.Key(k))
+		c := h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+		got := recvResult(t, res)
+		require.NoError(t, got.err)
+		return got.w
+	}
+	shared := []*etcdwatch.Watch{open(ctx, "a"), open(context.WithValue(ctx, key{}, 1), "b"), open(ctx, "c")}
+	canceled := open(ctx, "d")
+	other := open(t.Context(), "e")
+	canceled.Cancel()
+	require.Equal(t, canceled.ID(), h.srv.RecvCancel(t))
+
+	cause := errors.New("shutting down")
+	cancel(cause)
+	want := map[int64]bool{}
+	for _, w := range shared {
+		require.ErrorIs(t, ended(t, w), cause)
+		want[w.ID()] = true
+	}
+	got := map[int64]bool{}
+	for range shared {
+		got[h.srv.RecvCancel(t)] = true
+	}
+	require.Equal(t, want, got)
+	require.ErrorIs(t, canceled.Err(), etcdwatch.ErrCanceled, "an ended watch changed its error")
+	h.srv.Send(t, ws.Events(other.ID(), 2, ws.Put("e", "v", 2)))
+	require.Equal(t, int64(2), next(t, other).Revision)
+	require.Nil(t, other.Err())
+
+	// A watch opened under a fresh context after all this ends with it too.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	late := open(ctx2, "f")
+	cancel2()
+	require.ErrorIs(t, ended(t, late), context.Canceled)
+	require.Equal(t, late.ID(), h.srv.RecvCancel(t))
+}
+
 // TestContextEndsBeforeCreated: a watch given up while its create is in
 // flight is canceled on the server as soon as the server confirms it.
 func TestContextEndsBeforeCreated(t *testing.T) {

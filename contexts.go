@@ -1,0 +1,66 @@
+package etcdwatch
+
+import "context"
+
+// ctxGroup is the watches bounded by contexts that end together: those
+// sharing one Done channel. One context.AfterFunc serves the whole group, so
+// that ten thousand watches opened under one context cost one registration
+// with it, not one each (about 250 bytes a watch). Owned by the dispatcher.
+type ctxGroup struct {
+	ctx     context.Context // the first watch's; its cause ends the group
+	done    <-chan struct{} // ctx.Done(), the group's key
+	stop    func() bool     // releases the AfterFunc
+	watches map[*Watch]struct{}
+}
+
+// ctxDoneCmd tells the dispatcher that the contexts of g have ended.
+type ctxDoneCmd struct{ g *ctxGroup }
+
+// bind makes w end when ctx does. A context that never ends needs nothing.
+func (d *dispatcher) bind(w *Watch, ctx context.Context) {
+	done := ctx.Done()
+	if done == nil {
+		return
+	}
+	g := d.ctxs[done]
+	if g == nil {
+		g = &ctxGroup{ctx: ctx, done: done, watches: make(map[*Watch]struct{})}
+		// The AfterFunc's goroutine exits once the command is taken or the
+		// Stream is done.
+		g.stop = context.AfterFunc(ctx, func() { d.s.command(ctxDoneCmd{g}) })
+		d.ctxs[done] = g
+	}
+	g.watches[w] = struct{}{}
+	w.group = g
+}
+
+// unbind removes w from its group, releasing the group's AfterFunc when it
+// was the last one.
+func (d *dispatcher) unbind(w *Watch) {
+	g := w.group
+	if g == nil {
+		return
+	}
+	w.group = nil
+	delete(g.watches, w)
+	if len(g.watches) == 0 && d.ctxs[g.done] == g {
+		g.stop()
+		delete(d.ctxs, g.done)
+	}
+}
+
+// handleCtxDone ends every watch of g with its context's cause, as Cancel
+// would.
+func (d *dispatcher) handleCtxDone(g *ctxGroup) {
+	if d.ctxs[g.done] != g {
+		return // emptied and replaced meanwhile
+	}
+	delete(d.ctxs, g.done)
+	cause := context.Cause(g.ctx)
+	for w := range g.watches {
+		w.group = nil
+		if w.end(cause, true) {
+			d.handleCancel(w)
+		}
+	}
+}
