@@ -36,27 +36,35 @@ type Watch struct {
 	over atomic.Bool   // out is closed (or about to be): Err may read err
 
 	// Owned by the dispatcher.
+	state       watchState
+	fromNow     bool       // created with Revision 0 and not yet confirmed
+	probe       bool       // a liveness probe, not a user's watch
+	authRetried bool       // refused for its credentials once; refused again, it ends
+	abandoned   bool       // ended by its consumer while a create was in flight
 	created     chan error // to Stream.Watch, the first create's outcome; nil once told
 	group       *ctxGroup  // the watches whose contexts end with this one's; nil if it never ends
-	state       watchState
-	reqID       int64 // id asked for in the create in flight
-	fromNow     bool  // created with Revision 0 and not yet confirmed
-	probe       bool  // a liveness probe, not a user's watch
-	authRetried bool  // refused for its credentials once; refused again, it ends
-	abandoned   bool  // ended by its consumer while a create was in flight
-	rev         int64 // every event <= rev has been queued for the consumer
+	reqID       int64      // id asked for in the create in flight
+	rev         int64      // every event <= rev has been queued for the consumer
 
 	// Delivery, shared by the dispatcher (producer), the pump goroutine and
 	// the consumer's Cancel; guarded by mu.
 	mu      sync.Mutex
-	queue   ring.Ring[Response]
-	queued  int           // events queued or held by the pump, a bookmark counting as one
 	pumping bool          // a pump goroutine is running and owns sends on out
 	paused  bool          // over the limit: the pump tells the dispatcher when drained
 	ended   bool          // no more pushes are taken
 	dropped bool          // the backlog was thrown away
-	stop    chan struct{} // closed to make the running pump give up
+	backlog *backlog      // nil until the consumer first falls behind
 	done    chan struct{} // Done(); made on first call, closed by closeOut
+}
+
+// backlog holds responses for a consumer that is behind, for the pump to
+// deliver. A watch makes it when a response first finds its consumer busy,
+// and keeps it, with a small buffer, for the next burst. Guarded by the
+// watch's mu.
+type backlog struct {
+	queue  ring.Ring[Response]
+	queued int           // events queued or held by the pump, a bookmark counting as one
+	stop   chan struct{} // closed, once, to make the running pump give up for good
 }
 
 // closed is a closed channel, Done's answer once a watch without one has ended.
@@ -162,21 +170,23 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 		default:
 		}
 	}
-	if last := w.queue.Last(); last != nil && r.IsProgress() && last.IsProgress() {
+	b := w.backlog
+	if b == nil {
+		b = &backlog{stop: make(chan struct{})}
+		w.backlog = b
+	}
+	if last := b.queue.Last(); last != nil && r.IsProgress() && last.IsProgress() {
 		*last = r // a newer bookmark supersedes a queued one
 		return false
 	}
-	w.queue.Push(r)
-	w.queued += size(r)
+	b.queue.Push(r)
+	b.queued += size(r)
 	if !w.pumping {
 		w.pumping = true
-		if w.stop == nil {
-			w.stop = make(chan struct{}) // kept: closed only when the backlog is dropped for good
-		}
 		w.stream.pumps.Add(1)
-		go w.pump(w.stop) // exits when the queue is empty or stop closes; Close waits on stream.pumps
+		go w.pump(b.stop) // exits when the queue is empty or stop closes; Close waits on stream.pumps
 	}
-	if w.queued >= limit && !w.paused {
+	if b.queued >= limit && !w.paused {
 		w.paused = true
 		return true
 	}
@@ -217,11 +227,12 @@ func (w *Watch) pump(stop chan struct{}) {
 func (w *Watch) next() (r Response, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r, ok = w.queue.Pop()
+	q := &w.backlog.queue // made before the pump started
+	r, ok = q.Pop()
 	if !ok {
 		w.pumping = false
-		if w.queue.Cap() > keptQueue {
-			w.queue.Reset() // a large backlog's buffer goes; a small one stays for the next burst
+		if q.Cap() > keptQueue {
+			q.Reset() // a large backlog's buffer goes; a small one stays for the next burst
 		}
 		if w.ended {
 			w.closeOut()
@@ -236,8 +247,8 @@ func (w *Watch) next() (r Response, ok bool) {
 func (w *Watch) taken(r Response) (resume bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.queued -= size(r)
-	if w.paused && w.queued <= w.stream.opts.bufferLimit/2 {
+	w.backlog.queued -= size(r)
+	if w.paused && w.backlog.queued <= w.stream.opts.bufferLimit/2 {
 		w.paused = false
 		return true
 	}
@@ -249,8 +260,8 @@ func (w *Watch) taken(r Response) (resume bool) {
 func (w *Watch) giveUp() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.queue.Reset()
-	w.queued = 0
+	w.backlog.queue.Reset()
+	w.backlog.queued = 0
 	w.pumping = false
 	if w.ended {
 		w.closeOut()
@@ -268,12 +279,12 @@ func (w *Watch) end(err error, drop bool) bool {
 		w.ended = true
 		w.err = err
 	}
-	if drop && !w.dropped {
+	if b := w.backlog; drop && !w.dropped && b != nil {
 		w.dropped = true
-		w.queue.Reset()
-		w.queued = 0
+		b.queue.Reset()
+		b.queued = 0
 		if w.pumping {
-			close(w.stop)
+			close(b.stop)
 		}
 	}
 	if first && !w.pumping {
