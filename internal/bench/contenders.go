@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -154,27 +155,25 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 	}, nil
 }
 
-// parallel runs f(0..n-1) on 64 goroutines and returns the first error.
+// parallel runs f(0..n-1) on -callers goroutines and returns the first
+// error. The goroutines take indices from a shared counter, so that handing
+// them out costs no channel operation of its own.
 func parallel(n int, f func(i int) error) error {
 	var (
 		wg    sync.WaitGroup
 		once  sync.Once
 		first error
-		next  = make(chan int)
+		next  atomic.Int64
 	)
-	for range min(n, 64) {
+	for range min(n, *callers) {
 		wg.Go(func() {
-			for i := range next {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
 				if err := f(i); err != nil {
 					once.Do(func() { first = err })
 				}
 			}
 		})
 	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
 	wg.Wait()
 	return first
 }
