@@ -32,8 +32,12 @@ soak:
 bench:
 	cd internal/bench && $(GO) run . $(ARGS) 2>&1 | grep -v '^{"level"'
 
+# Each fuzzer in turn, $(FUZZTIME) each: response sequences, and the codec
+# against generic protobuf both ways.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDispatcher -fuzztime $(FUZZTIME) .
+	@set -e; for f in FuzzDispatcher FuzzDecode FuzzEncode; do \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
