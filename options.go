@@ -68,7 +68,9 @@ func WithProgressRetry(d time.Duration) Option { return func(o *options) { o.pro
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithCallOptions adds gRPC call options to the Watch RPC, for example
-// per-RPC credentials. Default: none.
+// per-RPC credentials. Options choosing a codec or content-subtype are
+// refused: the Stream encodes and decodes the RPC's messages itself.
+// Default: none.
 func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }
@@ -111,6 +113,12 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: WithLiveness(%v, %v) needs idle >= 0 and, unless idle is 0, timeout > 0", ErrInvalidArgument, o.livenessIdle, o.livenessTimeout)
 	case o.logger == nil:
 		return fmt.Errorf("%w: WithLogger(nil)", ErrInvalidArgument)
+	}
+	for _, c := range o.callOptions {
+		switch c.(type) {
+		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption:
+			return fmt.Errorf("%w: WithCallOptions(%T): the Stream chooses the codec of its RPC", ErrInvalidArgument, c)
+		}
 	}
 	return nil
 }

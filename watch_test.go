@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -455,6 +456,7 @@ func TestOpenValidation(t *testing.T) {
 		{"buffer limit", true, etcdwatch.WithBufferLimit(0), "WithBufferLimit"},
 		{"progress retry", true, etcdwatch.WithProgressRetry(0), "WithProgressRetry"},
 		{"stall budget", true, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
+		{"codec", true, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
 		{"nil logger", true, etcdwatch.WithLogger(nil), "WithLogger"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
