@@ -22,8 +22,11 @@ type wireStream interface {
 type opener func(ctx context.Context) (wireStream, error)
 
 // grpcOpener opens etcd's Watch RPC on conn, decoding responses with codec.
+// The RPC waits for the connection to be ready rather than failing at once:
+// after a cut the stream reopens the moment gRPC has reconnected, instead of
+// a backoff later.
 func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
-	opts := append([]grpc.CallOption{grpc.ForceCodecV2(newCodec())}, callOpts...)
+	opts := append([]grpc.CallOption{grpc.ForceCodecV2(newCodec()), grpc.WaitForReady(true)}, callOpts...)
 	return func(ctx context.Context) (wireStream, error) {
 		cs, err := conn.NewStream(ctx, &pb.Watch_ServiceDesc.Streams[0], pb.Watch_Watch_FullMethodName, opts...)
 		if err != nil {
