@@ -3,6 +3,7 @@ package etcdwatch
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/encoding"
@@ -80,9 +81,7 @@ func (r *wireResponse) decode(b []byte) error {
 		r.Events = make([]Event, 0, n)
 		d.arena = make([]byte, 0, size)
 	}
-	for len(b) > 0 {
-		var f field
-		f, b, _ = nextField(b) // countEvents has checked every field
+	for f := range fields(b) { // countEvents has checked every field
 		switch {
 		case f.typ == protowire.BytesType && f.num == fieldRespHeader:
 			if err := r.Header.decode(f.s); err != nil {
@@ -117,9 +116,8 @@ func (r *wireResponse) decode(b []byte) error {
 // countEvents returns how many events b holds and their total size, an upper
 // bound for the bytes of their keys and values, and checks b's fields.
 func countEvents(b []byte) (n, size int, err error) {
-	for len(b) > 0 {
-		var f field
-		if f, b, err = nextField(b); err != nil {
+	for f, err := range fields(b) {
+		if err != nil {
 			return 0, 0, err
 		}
 		if f.num == fieldRespEvents && f.typ == protowire.BytesType {
@@ -131,12 +129,10 @@ func countEvents(b []byte) (n, size int, err error) {
 }
 
 func (h *Header) decode(b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := nextField(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		if f.typ != protowire.VarintType {
 			continue
 		}
@@ -156,12 +152,10 @@ func (h *Header) decode(b []byte) error {
 
 // event decodes an mvccpb.Event into e.
 func (d *decoder) event(e *Event, b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := nextField(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
 		case f.num == fieldEventType && f.typ == protowire.VarintType:
 			e.Type = EventType(int32(f.v))
@@ -186,12 +180,10 @@ func (d *decoder) event(e *Event, b []byte) error {
 
 // keyValue decodes an mvccpb.KeyValue into kv.
 func (d *decoder) keyValue(kv *KeyValue, b []byte) error {
-	for len(b) > 0 {
-		f, rest, err := nextField(b)
+	for f, err := range fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
 		case f.typ == protowire.BytesType && f.num == fieldKVKey:
 			kv.Key = d.copy(f.s)
@@ -229,6 +221,20 @@ type field struct {
 	typ protowire.Type
 	v   uint64
 	s   []byte
+}
+
+// fields yields the fields of the message b in order; a malformed one ends
+// the walk, yielded with its error.
+func fields(b []byte) iter.Seq2[field, error] {
+	return func(yield func(field, error) bool) {
+		for len(b) > 0 {
+			f, rest, err := nextField(b)
+			if !yield(f, err) || err != nil {
+				return
+			}
+			b = rest
+		}
+	}
 }
 
 // nextField parses the first field of b and returns it and the rest of b.

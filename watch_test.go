@@ -185,6 +185,17 @@ func fillToLimit(h *harness, w *etcdwatch.Watch, limit int) {
 	require.Eventually(h.t, func() bool { return h.s.Stats().Stalls == stalls+1 }, wait, time.Millisecond)
 }
 
+// stalled opens a watch "lag" and a neighbour "other" on a new harness and
+// fills lag to its limit, so that the Stream stalls for lag's consumer.
+func stalled(t *testing.T, limit int, budget time.Duration) (h *harness, lag, other *etcdwatch.Watch) {
+	t.Helper()
+	h = newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(budget))
+	lag = h.watch(etcdwatch.Key("lag"), 1)
+	other = h.watch(etcdwatch.Key("other"), 1)
+	fillToLimit(h, lag, limit)
+	return h, lag, other
+}
+
 // readRevisions reads n responses of w and returns their events' revisions.
 func readRevisions(t *testing.T, w *etcdwatch.Watch, n int) []int64 {
 	t.Helper()
@@ -203,10 +214,7 @@ func readRevisions(t *testing.T, w *etcdwatch.Watch, n int) []int64 {
 // it, and the watch is never paused (no cancel, no replay).
 func TestLaggingConsumerIsWaitedFor(t *testing.T) {
 	const limit = 8
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
-	lag := h.watch(etcdwatch.Key("lag"), 1)
-	other := h.watch(etcdwatch.Key("other"), 1)
-	fillToLimit(h, lag, limit)
+	h, lag, other := stalled(t, limit, time.Hour)
 	read := h.s.Stats().Responses
 	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
 	h.srv.Send(t, ws.Events(lag.ID(), 10, ws.Put("k", "10", 10)))
@@ -229,11 +237,8 @@ func TestLaggingConsumerIsWaitedFor(t *testing.T) {
 // then paused and the neighbour's events flow again.
 func TestStuckConsumerIsPausedAfterItsStall(t *testing.T) {
 	const limit = 4
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(20*time.Millisecond))
-	stuck := h.watch(etcdwatch.Key("stuck"), 1)
-	other := h.watch(etcdwatch.Key("other"), 1)
+	h, stuck, other := stalled(t, limit, 20*time.Millisecond)
 	id := stuck.ID()
-	fillToLimit(h, stuck, limit)
 	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
 	require.Equal(t, int64(10), next(t, other).Revision)
 	require.Equal(t, id, h.srv.RecvCancel(t), "the stuck watch was not paused")
@@ -248,11 +253,8 @@ func TestStuckConsumerIsPausedAfterItsStall(t *testing.T) {
 // releases the stream at once.
 func TestCancelEndsAStall(t *testing.T) {
 	const limit = 4
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
-	lag := h.watch(etcdwatch.Key("lag"), 1)
-	other := h.watch(etcdwatch.Key("other"), 1)
+	h, lag, other := stalled(t, limit, time.Hour)
 	id := lag.ID()
-	fillToLimit(h, lag, limit)
 	h.srv.Send(t, ws.Events(other.ID(), 10, ws.Put("other", "v", 10)))
 	lag.Cancel()
 	require.Equal(t, int64(10), next(t, other).Revision)
@@ -265,10 +267,7 @@ func TestCancelEndsAStall(t *testing.T) {
 // until its consumer has caught up; the other watches resume at once.
 func TestStreamEndDuringAStallPausesTheWatch(t *testing.T) {
 	const limit = 4
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
-	lag := h.watch(etcdwatch.Key("lag"), 1)
-	other := h.watch(etcdwatch.Key("other"), 1)
-	fillToLimit(h, lag, limit)
+	h, lag, other := stalled(t, limit, time.Hour)
 	h.cut()
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, "other", string(c.Key), "the stalled watch was re-created before its consumer caught up")
