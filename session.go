@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"sync"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -24,9 +25,15 @@ type opener func(ctx context.Context) (wireStream, error)
 // grpcOpener opens etcd's Watch RPC on conn, decoding responses with codec.
 // The RPC waits for the connection to be ready rather than failing at once:
 // after a cut the stream reopens the moment gRPC has reconnected, instead of
-// a backoff later.
+// a backoff later. It takes responses of any size, as etcd's own client
+// does: gRPC's default of 4 MiB would refuse an unfragmented revision above
+// it, and the watch would be re-created only to meet it again.
 func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
-	opts := append([]grpc.CallOption{grpc.ForceCodecV2(newCodec()), grpc.WaitForReady(true)}, callOpts...)
+	opts := append([]grpc.CallOption{
+		grpc.ForceCodecV2(newCodec()),
+		grpc.WaitForReady(true),
+		grpc.MaxCallRecvMsgSize(math.MaxInt32),
+	}, callOpts...)
 	return func(ctx context.Context) (wireStream, error) {
 		cs, err := conn.NewStream(ctx, &pb.Watch_ServiceDesc.Streams[0], pb.Watch_Watch_FullMethodName, opts...)
 		if err != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
 )
@@ -276,6 +278,41 @@ func TestFragmentedTransaction(t *testing.T) {
 		require.Equal(t, value('a'), string(e.PrevKV.Value))
 	}
 	require.Positive(t, s.Stats().Fragments, "the server did not fragment; the test proves nothing")
+}
+
+// TestLargeRevisionWithoutFragments: a revision above gRPC's default 4 MiB
+// message limit, not fragmented, reaches a Stream on a connection dialed
+// with no size option at all, and the stream is not replaced for it.
+func TestLargeRevisionWithoutFragments(t *testing.T) {
+	leakCheck(t)
+	conn, err := etcdwatch.Dial([]string{etcd.Endpoint}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	s, err := etcdwatch.Open(conn)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	kv, ctx := client(t), ctx(t)
+	w, err := s.Watch(ctx, etcdwatch.Prefix("large/").WithPrevKV())
+	require.NoError(t, err)
+	value := func(b byte) string { return string(bytes.Repeat([]byte{b}, 1<<20)) }
+	var ops []clientv3.Op
+	for i := range 3 {
+		ops = append(ops, clientv3.OpPut(fmt.Sprint("large/", i), value('a')))
+	}
+	_, err = kv.Txn(ctx).Then(ops...).Commit()
+	require.NoError(t, err)
+	for i := range ops {
+		ops[i] = clientv3.OpPut(fmt.Sprint("large/", i), value('b'))
+	}
+	resp, err := kv.Txn(ctx).Then(ops...).Commit() // with previous values: about 6 MiB
+	require.NoError(t, err)
+	var last etcdwatch.Response
+	for last.Revision < resp.Header.Revision {
+		last = next(t, w)
+	}
+	require.Len(t, last.Events, 3)
+	require.Equal(t, value('a'), string(last.Events[2].PrevKV.Value))
+	require.Zero(t, s.Stats().Reconnects, "the stream was replaced")
 }
 
 // TestRequestProgress: the answer covers every write made before the call,
