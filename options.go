@@ -69,7 +69,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 
 // WithCallOptions adds gRPC call options to the Watch RPC, for example
 // per-RPC credentials. Options choosing a codec or content-subtype are
-// refused: the Stream encodes and decodes the RPC's messages itself.
+// refused: the Stream encodes and decodes the RPC's messages itself. The
+// Stream accepts responses of any size; a grpc.MaxCallRecvMsgSize here
+// lowers that, and a revision above it (unless the watch asks for
+// fragments) then breaks the stream each time it is re-created.
 // Default: none.
 func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
