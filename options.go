@@ -53,9 +53,11 @@ func WithBufferLimit(events int) Option { return func(o *options) { o.bufferLimi
 // server, which is far cheaper than a pause when a busy process merely ran the
 // consumer late. The first millisecond of each stall is free; the rest is
 // drawn from a budget of up to d that refills at a tenth of the time that
-// passes, so stalls never cost the other watches more than about a tenth of
-// the stream's time. 0 pauses a watch as soon as it reaches its limit.
-// Default 100ms; at least 0.
+// passes. So a consumer that is never more than a moment late sets the
+// stream's pace (backpressure), while one that lags for longer costs the
+// other watches at most about a tenth of the stream's time before it is
+// paused. 0 pauses a watch as soon as it reaches its limit and never holds
+// up the others. Default 100ms; at least 0.
 func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
 
 // WithProgressRetry sets how long RequestProgress waits for an answer before
