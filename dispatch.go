@@ -42,8 +42,10 @@ type dispatcher struct {
 	toCreate   ring.Ring[*Watch]             // creates not yet sent
 	pending    ring.Ring[*Watch]             // creates sent, in request order
 	nextID     int64                         // last client-chosen id; ids are never reused on a stream
-	idsTrusted bool                          // this stream has echoed a chosen id: creates may be pipelined
+	idsTrusted bool                          // this stream has echoed a chosen id
 	idsIgnored bool                          // this stream picked its own id (a proxy): one create at a time
+	proxySeen  bool                          // a stream has picked its own ids: each new one starts one create at a time
+	slowStart  bool                          // the next streams start one create at a time, until one echoes an id
 	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
 	outbox     []wireRequest                 // requests waiting for the session's sendLoop
 	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece
@@ -64,6 +66,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		cancelling: make(map[int64]struct{}),
 		frags:      make(map[*Watch][]Event),
 		ctxs:       make(map[<-chan struct{}]*ctxGroup),
+		nextID:     firstWatchID - 1,
 		progress:   progressState{retry: s.opts.progressRetry},
 		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
@@ -122,10 +125,10 @@ const drainBatch = 64
 
 // drainResponses handles responses that are already waiting, through a
 // select far cheaper than the loop's. A burst of them then costs one
-// wake-up of the loop, not one each. A stall stops it.
+// wake-up of the loop, not one each. A stall, or the stream's end, stops it.
 func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 	for range drainBatch {
-		if d.stall.w != nil {
+		if d.stall.w != nil || d.sess == nil || d.sess.recv != recv {
 			return
 		}
 		select {
@@ -216,13 +219,15 @@ func (d *dispatcher) handleCancel(w *Watch) {
 	}
 }
 
-// flushCreates sends queued creates. They are pipelined once the stream
-// has echoed an id the client chose; until then, and for good on a stream
-// that picks its own ids (etcd's gRPC proxy, which also answers some creates
-// out of order), one create is in flight at a time, so that order still
-// matches each answer to its create.
+// flushCreates sends queued creates, pipelined. Answers are matched to
+// creates by order, which etcd keeps; etcd's gRPC proxy does not (it answers
+// a create that joins a range it already watches first) and picks its own
+// ids, so until a stream has echoed an id the client chose, the first answer
+// must echo the oldest create's id or the stream is given up (see
+// handleCreated). On a stream that picks its own ids, and on every stream
+// after one did, one create is in flight at a time.
 func (d *dispatcher) flushCreates() {
-	pipeline := d.idsTrusted && !d.idsIgnored
+	pipeline := !d.idsIgnored && (d.idsTrusted || !d.proxySeen && !d.slowStart)
 	for d.toCreate.Len() > 0 && (pipeline || d.pending.Len() == 0) {
 		w, _ := d.toCreate.Pop()
 		if w.abandoned {
@@ -238,6 +243,11 @@ func (d *dispatcher) flushCreates() {
 		d.pending.Push(w)
 	}
 }
+
+// firstWatchID is the first id the client chooses. A server that picks its
+// own ids counts each stream's watches from 0; starting far above, an id it
+// picks can never pass for the echo of one the client asked for.
+const firstWatchID = 1 << 32
 
 // newID returns an id never used on this stream and not awaiting a cancel.
 func (d *dispatcher) newID() int64 {
@@ -342,12 +352,17 @@ func (d *dispatcher) handleResponse(resp *wireResponse) {
 // the server answers creates in request order, and a refused create carries
 // id -1, so order is the only reliable match.
 func (d *dispatcher) handleCreated(resp *wireResponse) {
-	w, ok := d.pending.Pop()
+	w, ok := d.pending.Peek()
 	if !ok {
 		d.log.Warn("etcdwatch: created response without a create in flight", "id", resp.WatchID)
 		d.dropUnknown(resp.WatchID, !resp.Canceled)
 		return
 	}
+	if !d.idsTrusted && d.pending.Len() > 1 && (resp.Canceled || resp.WatchID != w.reqID) {
+		d.dropUnmatched(resp)
+		return
+	}
+	d.pending.Pop()
 	defer d.flushCreates()
 	if resp.Canceled {
 		d.handleRefused(w, classifyReason(resp.CancelReason))
@@ -361,10 +376,10 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 	}
 	switch {
 	case id == w.reqID:
-		d.idsTrusted = true
+		d.idsTrusted, d.slowStart = true, false
 	case !d.idsIgnored:
 		d.log.Info("etcdwatch: server picks its own watch ids; creating one watch at a time", "asked", w.reqID, "got", id)
-		d.idsIgnored = true
+		d.idsIgnored, d.proxySeen = true, true
 		d.s.stats.idsRewritten.Store(true)
 	}
 	d.s.stats.created.Add(1)
@@ -374,6 +389,24 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 		return
 	}
 	d.activate(w, id, resp.Header.Revision)
+}
+
+// dropUnmatched gives up a stream whose first answer to pipelined creates
+// cannot be matched for sure: an id the oldest create did not ask for (a
+// server that picks its own ids, and may answer out of order), or a refusal,
+// which carries no id. No create in flight is matched; all go again on a new
+// stream, one at a time until it echoes an id.
+func (d *dispatcher) dropUnmatched(resp *wireResponse) {
+	if resp.Canceled {
+		d.slowStart = true
+	} else {
+		d.proxySeen = true
+		d.s.stats.idsRewritten.Store(true)
+	}
+	d.log.Info("etcdwatch: cannot match the answers to pipelined creates; new stream, one create at a time",
+		"id", resp.WatchID, "refused", resp.Canceled, "in flight", d.pending.Len())
+	d.sess.exit(errUnmatched)
+	d.handleSessionEnd()
 }
 
 // handleRefused ends a watch whose create the server refused. A stale auth

@@ -67,6 +67,7 @@ type fuzzServer struct {
 	creates []*pb.WatchCreateRequest // unanswered, in order
 	cancels []int64                  // unanswered
 	live    map[int64]string         // server's watches: id -> key
+	echoed  bool                     // this stream has answered a create with the id it asked for
 	ids     []int64                  // live ids in creation order, for picking
 	watches []*Watch
 	wg      sync.WaitGroup  // consumers
@@ -79,14 +80,17 @@ var errFuzzContext = errors.New("fuzz: context ended")
 // reconnect replaces the session if the dispatcher ended it; the next
 // stream starts with no watches.
 func (f *fuzzServer) reconnect() {
-	select {
-	case <-f.d.sess.dead:
-	default:
-		return
+	if f.d.sess != nil { // else the dispatcher gave the stream up itself, and waits to reconnect
+		select {
+		case <-f.d.sess.dead:
+		default:
+			return
+		}
+		f.d.handleSessionEnd()
 	}
-	f.d.handleSessionEnd()
 	f.d.connect()
 	f.creates, f.cancels, f.ids = nil, nil, nil
+	f.echoed = false
 	clear(f.live)
 }
 
@@ -184,8 +188,12 @@ func (f *fuzzServer) step(op, arg byte) {
 		if len(f.creates) == 0 {
 			return
 		}
-		c := f.creates[0]
-		f.creates = f.creates[1:]
+		i := 0
+		if op%11 == 3 && arg%4 == 3 && !f.echoed && len(f.creates) > 1 {
+			i = 1 // a proxy answering out of order, which only a stream that never echoed can be
+		}
+		c := f.creates[i]
+		f.creates = append(f.creates[:i:i], f.creates[i+1:]...)
 		id := c.WatchId
 		switch op % 11 {
 		case 2:
@@ -204,6 +212,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		}
 		f.live[id] = string(c.Key)
 		f.ids = append(f.ids, id)
+		f.echoed = f.echoed || id == c.WatchId
 		f.send(&pb.WatchResponse{WatchId: id, Created: true})
 	case 4, 5: // events for a live watch, maybe fragmented
 		id := f.pick(arg)

@@ -21,6 +21,7 @@ const healthyPeriod = 10 * time.Second
 var (
 	errSilent           = errors.New("etcdwatch: watch stream silent past its liveness timeout")
 	errStaleCredentials = errors.New("etcdwatch: watch refused for its credentials")
+	errUnmatched        = errors.New("etcdwatch: answers to pipelined creates could not be matched")
 )
 
 // connect opens a new session. Creates and progress requests queued while
@@ -39,7 +40,7 @@ func (d *dispatcher) connect() {
 // with every live watch re-created from its next revision.
 func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
-	for len(d.sess.recv) > 0 && d.stall.w == nil { // what arrived before the end still counts
+	for len(d.sess.recv) > 0 && d.stall.w == nil && !errors.Is(err, errUnmatched) { // what arrived before the end still counts
 		resp := <-d.sess.recv
 		d.handleResponse(&resp)
 	}
@@ -67,7 +68,7 @@ func (d *dispatcher) handleSessionEnd() {
 // with err. Refusals about who the caller is or what it asked are final, and
 // so is a connection its owner has closed.
 func (d *dispatcher) retryable(err error) bool {
-	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) {
+	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) || errors.Is(err, errUnmatched) {
 		return true
 	}
 	if c, ok := d.s.conn.(interface{ GetState() connectivity.State }); ok && c.GetState() == connectivity.Shutdown {

@@ -244,28 +244,91 @@ func TestFailedCreatesAreMatchedByOrder(t *testing.T) {
 	require.Equal(t, int64(4), h.s.Stats().Watches)
 }
 
-// TestFirstCreateIsAlone: until the stream has echoed a chosen id, one create
-// is in flight at a time. etcd's gRPC proxy picks its own ids and answers a
-// create that joins a range it already watches before one that does not,
-// so pipelined creates could be matched to the wrong answers.
-func TestFirstCreateIsAlone(t *testing.T) {
+// TestCreatesArePipelinedFromTheStart: a new stream gets its creates at once,
+// without waiting for the first answer.
+func TestCreatesArePipelinedFromTheStart(t *testing.T) {
+	h := newHarness(t)
+	results := []<-chan watchResult{h.watchAsync(context.Background(), etcdwatch.Key("a")), h.watchAsync(context.Background(), etcdwatch.Key("b"))}
+	first, second := h.srv.RecvCreate(t), h.srv.RecvCreate(t) // both before any answer
+	h.srv.Send(t, ws.Created(first.WatchId, 1))
+	h.srv.Send(t, ws.Created(second.WatchId, 1))
+	for _, res := range results {
+		require.NoError(t, recvResult(t, res).err)
+	}
+	require.Zero(t, h.s.Stats().Reconnects)
+}
+
+// TestPipelinedCreatesMeetAProxy: etcd's gRPC proxy picks its own ids and may
+// answer pipelined creates out of order. An answer that does not echo the
+// oldest create's id, before any echo, makes the client give the stream up
+// without matching anything; the next stream gets one create at a time, and
+// each watch ends up with its own answer.
+func TestPipelinedCreatesMeetAProxy(t *testing.T) {
 	h := newHarness(t)
 	a := h.watchAsync(context.Background(), etcdwatch.Key("a"))
 	b := h.watchAsync(context.Background(), etcdwatch.Key("b"))
-	require.Eventually(t, func() bool { return h.s.Stats().Watches == 2 }, wait, time.Millisecond)
+	h.srv.RecvCreate(t)
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(0, 1)) // the proxy's own id, for either create
+	require.True(t, h.srv.Ended(t), "the stream was kept")
+	h.srv = h.server.Accept(t)
 	go func() { _, _ = h.s.RequestProgress(context.Background()) }()
 	first := h.srv.RecvCreate(t)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before the first was answered")
-	h.srv.Send(t, ws.Created(900, 1)) // the proxy's own id
+	h.srv.Send(t, ws.Created(0, 1))
 	second := h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(901, 1))
-	keyOf := map[int64]string{900: string(first.Key), 901: string(second.Key)}
+	h.srv.Send(t, ws.Created(1, 1))
+	keyOf := map[int64]string{0: string(first.Key), 1: string(second.Key)}
 	for key, res := range map[string]<-chan watchResult{"a": a, "b": b} {
 		got := recvResult(t, res)
 		require.NoError(t, got.err)
 		require.Equal(t, key, keyOf[got.w.ID()])
 	}
 	h.srv.Send(t, ws.Progress(-1, 1))
+	require.True(t, h.s.Stats().IDsRewritten)
+}
+
+// TestEarlyRefusalOfPipelinedCreates: a refusal carries no id, so one that
+// comes before the stream has echoed an id, with other creates in flight,
+// cannot be matched: the stream is given up, and the next one gets one
+// create at a time until it echoes an id, then pipelines again.
+func TestEarlyRefusalOfPipelinedCreates(t *testing.T) {
+	h := newHarness(t)
+	denied := h.watchAsync(context.Background(), etcdwatch.Key("deny"))
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "deny", string(c.Key))
+	ok := h.watchAsync(context.Background(), etcdwatch.Key("ok"))
+	require.Equal(t, "ok", string(h.srv.RecvCreate(t).Key))
+	const reason = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+	h.srv.Send(t, ws.CreateFailed(reason))
+	require.True(t, h.srv.Ended(t), "the stream was kept")
+
+	h.srv = h.server.Accept(t)
+	go func() { _, _ = h.s.RequestProgress(context.Background()) }()
+	first := h.srv.RecvCreate(t)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before the first was answered")
+	if string(first.Key) == "deny" {
+		h.srv.Send(t, ws.CreateFailed(reason))
+		c = h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+	} else {
+		h.srv.Send(t, ws.Created(first.WatchId, 1))
+		h.srv.Send(t, ws.CreateFailed(reason)) // answering the next create, now pipelined
+		h.srv.RecvCreate(t)
+	}
+	require.ErrorIs(t, recvResult(t, denied).err, etcdwatch.ErrPermissionDenied)
+	require.NoError(t, recvResult(t, ok).err)
+	h.srv.Send(t, ws.Progress(-1, 1))
+
+	// Trusted again: creates are pipelined.
+	x := h.watchAsync(context.Background(), etcdwatch.Key("x"))
+	y := h.watchAsync(context.Background(), etcdwatch.Key("y"))
+	cx, cy := h.srv.RecvCreate(t), h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(cx.WatchId, 1))
+	h.srv.Send(t, ws.Created(cy.WatchId, 1))
+	require.NoError(t, recvResult(t, x).err)
+	require.NoError(t, recvResult(t, y).err)
+	require.Equal(t, uint64(1), h.s.Stats().Reconnects)
 }
 
 // TestRequestProgressIgnoresOldAnswers: an answer below what the stream had

@@ -40,6 +40,16 @@ func (r *Ring[T]) Pop() (T, bool) {
 	return v, true
 }
 
+// Peek returns the head without removing it. It reports false when the
+// queue is empty.
+func (r *Ring[T]) Peek() (T, bool) {
+	if r.n == 0 {
+		var zero T
+		return zero, false
+	}
+	return r.buf[r.head], true
+}
+
 // Last returns a pointer to the tail element, or nil when the queue is empty.
 // The pointer is valid until the next Push or Pop.
 func (r *Ring[T]) Last() *T {

@@ -15,6 +15,9 @@ func TestRingFIFOAcrossGrowthAndWrap(t *testing.T) {
 			next++
 		}
 		for range round / 2 {
+			if head, ok := r.Peek(); !ok || head != want {
+				t.Fatalf("Peek = %d, %v; want %d, true", head, ok, want)
+			}
 			got, ok := r.Pop()
 			if !ok || got != want {
 				t.Fatalf("Pop = %d, %v; want %d, true", got, ok, want)
@@ -37,6 +40,9 @@ func TestRingFIFOAcrossGrowthAndWrap(t *testing.T) {
 	}
 	if r.Last() != nil {
 		t.Fatal("Last on empty ring is not nil")
+	}
+	if _, ok := r.Peek(); ok {
+		t.Fatal("Peek on empty ring reported a value")
 	}
 	r.Push(1)
 	r.Reset()
