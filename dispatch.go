@@ -46,6 +46,7 @@ type dispatcher struct {
 	idsIgnored bool                          // this stream picked its own id (a proxy): one create at a time
 	proxySeen  bool                          // a stream has picked its own ids: each new one starts one create at a time
 	slowStart  bool                          // the next streams start one create at a time, until one echoes an id
+	discard    bool                          // this stream's answers cannot be matched: nothing more is read from it
 	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
 	outbox     []wireRequest                 // requests waiting for the session's sendLoop
 	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece
@@ -87,7 +88,7 @@ func (d *dispatcher) run() {
 		)
 		if d.sess != nil {
 			dead = d.sess.dead
-			if d.stall.w == nil {
+			if d.stall.w == nil && !d.discard {
 				recv = d.sess.recv
 			}
 			if len(d.outbox) > 0 {
@@ -125,10 +126,11 @@ const drainBatch = 64
 
 // drainResponses handles responses that are already waiting, through a
 // select far cheaper than the loop's. A burst of them then costs one
-// wake-up of the loop, not one each. A stall, or the stream's end, stops it.
+// wake-up of the loop, not one each. A stall stops it, and so does a stream
+// whose answers cannot be matched.
 func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 	for range drainBatch {
-		if d.stall.w != nil || d.sess == nil || d.sess.recv != recv {
+		if d.stall.w != nil || d.discard {
 			return
 		}
 		select {
@@ -405,8 +407,8 @@ func (d *dispatcher) dropUnmatched(resp *wireResponse) {
 	}
 	d.log.Info("etcdwatch: cannot match the answers to pipelined creates; new stream, one create at a time",
 		"id", resp.WatchID, "refused", resp.Canceled, "in flight", d.pending.Len())
+	d.discard = true // until the loop sees the stream end and replaces it
 	d.sess.exit(errUnmatched)
-	d.handleSessionEnd()
 }
 
 // handleRefused ends a watch whose create the server refused. A stale auth

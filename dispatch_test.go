@@ -120,6 +120,9 @@ func (f *fuzzServer) send(resp *pb.WatchResponse) {
 	if resp.Header == nil {
 		resp.Header = &pb.ResponseHeader{Revision: f.rev}
 	}
+	if f.d.discard {
+		return // the loop reads nothing more from a stream it gave up
+	}
 	if f.d.stall.w != nil {
 		// The loop reads nothing during a stall; a consumer that has not
 		// caught up by now has outlasted it.

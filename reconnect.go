@@ -40,7 +40,7 @@ func (d *dispatcher) connect() {
 // with every live watch re-created from its next revision.
 func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
-	for len(d.sess.recv) > 0 && d.stall.w == nil && !errors.Is(err, errUnmatched) { // what arrived before the end still counts
+	for len(d.sess.recv) > 0 && d.stall.w == nil && !d.discard { // what arrived before the end still counts
 		resp := <-d.sess.recv
 		d.handleResponse(&resp)
 	}
@@ -49,6 +49,7 @@ func (d *dispatcher) handleSessionEnd() {
 	}
 	d.sess.close()
 	d.sess = nil
+	d.discard = false
 	d.live.stop()
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)

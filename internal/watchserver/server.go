@@ -74,6 +74,10 @@ func (s *Server) Accept(t testing.TB) *Stream {
 	}
 }
 
+// Streams delivers the Watch streams clients open, as Accept does, for a
+// test that serves them in a loop of its own.
+func (s *Server) Streams() <-chan *Stream { return s.streams }
+
 // Watch implements pb.WatchServer: it hands the stream to Accept and serves
 // it until the test ends it with Close or the client goes away.
 func (s *Server) Watch(srv pb.Watch_WatchServer) error {
