@@ -366,3 +366,31 @@ func TestStallRation(t *testing.T) {
 		t.Fatal("a zero budget stalls")
 	}
 }
+
+// TestUnmatchedAnswerLeftInAnEndedStream: a stream can end with answers
+// still waiting to be read, and the first of them may be one that cannot be
+// matched. Handling it while draining the ended stream must not end that
+// stream a second time; both creates wait for the next stream, which sends
+// them one at a time.
+func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
+	s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
+	d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+	d.sess = startSession(d.open)
+	for _, k := range []string{"a", "b"} {
+		w := newWatch(s, Key(k))
+		w.created = make(chan error, 1)
+		d.handleCreate(w, context.Background())
+	}
+	if d.pending.Len() != 2 {
+		t.Fatalf("%d creates in flight, want 2 pipelined", d.pending.Len())
+	}
+	d.sess.recv <- wireResponse{WatchID: 0, Created: true} // a proxy's own id, for either create
+	d.sess.exit(io.EOF)
+	d.handleSessionEnd()
+	if d.toCreate.Len() != 2 || d.pending.Len() != 0 || !d.proxySeen || d.discard {
+		t.Fatalf("after the stream: %d to create, %d in flight, proxy seen %v, discarding %v; want 2, 0, true, false",
+			d.toCreate.Len(), d.pending.Len(), d.proxySeen, d.discard)
+	}
+	close(s.closing)
+	d.shutdown()
+}
