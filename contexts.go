@@ -7,8 +7,7 @@ import "context"
 // that ten thousand watches opened under one context cost one registration
 // with it, not one each (about 250 bytes a watch). Owned by the dispatcher.
 type ctxGroup struct {
-	ctx     context.Context // the first watch's; its cause ends the group
-	done    <-chan struct{} // ctx.Done(), the group's key
+	ctx     context.Context // the first watch's: its Done is the group's key, its cause ends the group
 	stop    func() bool     // releases the AfterFunc
 	watches map[*Watch]struct{}
 }
@@ -24,7 +23,7 @@ func (d *dispatcher) bind(w *Watch, ctx context.Context) {
 	}
 	g := d.ctxs[done]
 	if g == nil {
-		g = &ctxGroup{ctx: ctx, done: done, watches: make(map[*Watch]struct{})}
+		g = &ctxGroup{ctx: ctx, watches: make(map[*Watch]struct{})}
 		// The AfterFunc's goroutine exits once the command is taken or the
 		// Stream is done.
 		g.stop = context.AfterFunc(ctx, func() { d.s.command(ctxDoneCmd{g}) })
@@ -43,19 +42,19 @@ func (d *dispatcher) unbind(w *Watch) {
 	}
 	w.group = nil
 	delete(g.watches, w)
-	if len(g.watches) == 0 && d.ctxs[g.done] == g {
+	if len(g.watches) == 0 && d.ctxs[g.ctx.Done()] == g {
 		g.stop()
-		delete(d.ctxs, g.done)
+		delete(d.ctxs, g.ctx.Done())
 	}
 }
 
 // handleCtxDone ends every watch of g with its context's cause, as Cancel
 // would.
 func (d *dispatcher) handleCtxDone(g *ctxGroup) {
-	if d.ctxs[g.done] != g {
+	if d.ctxs[g.ctx.Done()] != g {
 		return // emptied and replaced meanwhile
 	}
-	delete(d.ctxs, g.done)
+	delete(d.ctxs, g.ctx.Done())
 	cause := context.Cause(g.ctx)
 	for w := range g.watches {
 		w.group = nil

@@ -80,14 +80,12 @@ var errFuzzContext = errors.New("fuzz: context ended")
 // reconnect replaces the session if the dispatcher ended it; the next
 // stream starts with no watches.
 func (f *fuzzServer) reconnect() {
-	if f.d.sess != nil { // else the dispatcher gave the stream up itself, and waits to reconnect
-		select {
-		case <-f.d.sess.dead:
-		default:
-			return
-		}
-		f.d.handleSessionEnd()
+	select {
+	case <-f.d.sess.dead:
+	default:
+		return
 	}
+	f.d.handleSessionEnd()
 	f.d.connect()
 	f.creates, f.cancels, f.ids = nil, nil, nil
 	f.echoed = false
