@@ -88,12 +88,7 @@ func TestPendingCreateSurvivesReconnect(t *testing.T) {
 func TestRequestProgressSurvivesReconnect(t *testing.T) {
 	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 3)
-	got := make(chan int64, 1)
-	go func() {
-		rev, err := h.s.RequestProgress(context.Background())
-		require.NoError(t, err)
-		got <- rev
-	}()
+	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.cut()
 	var sawCreate, sawProgress bool
@@ -106,12 +101,9 @@ func TestRequestProgressSurvivesReconnect(t *testing.T) {
 		sawProgress = sawProgress || req.GetProgressRequest() != nil
 	}
 	h.srv.Send(t, ws.Progress(-1, 7))
-	select {
-	case rev := <-got:
-		require.Equal(t, int64(7), rev)
-	case <-time.After(wait):
-		t.Fatal("RequestProgress not answered after reconnect")
-	}
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(7), r.rev)
 	require.Equal(t, int64(7), next(t, w).Revision)
 }
 

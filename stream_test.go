@@ -76,16 +76,41 @@ func (h *harness) watch(r etcdwatch.Request, rev int64) *etcdwatch.Watch {
 	return got.w
 }
 
+// progressResult is what a RequestProgress call returned.
+type progressResult struct {
+	rev int64
+	err error
+}
+
+// progressAsync calls RequestProgress in a goroutine; the result arrives on
+// the channel.
+func (h *harness) progressAsync() <-chan progressResult {
+	ch := make(chan progressResult, 1)
+	go func() {
+		rev, err := h.s.RequestProgress(context.Background())
+		ch <- progressResult{rev, err}
+	}()
+	return ch
+}
+
+// recvProgress waits for the result of a progressAsync call.
+func recvProgress(t *testing.T, ch <-chan progressResult) progressResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(wait):
+		t.Fatal("RequestProgress did not return")
+		return progressResult{}
+	}
+}
+
 // barrier returns every request the client sent before a RequestProgress
 // issued now, answering it: the dispatcher handles commands in order, so the
 // requests it wrote before the progress request are all it had to write.
 func (h *harness) barrier(rev int64) []*pb.WatchRequest {
 	h.t.Helper()
-	got := make(chan error, 1)
-	go func() {
-		_, err := h.s.RequestProgress(context.Background())
-		got <- err
-	}()
+	got := h.progressAsync()
 	var before []*pb.WatchRequest
 	for {
 		req := h.srv.Recv(h.t)
@@ -95,12 +120,7 @@ func (h *harness) barrier(rev int64) []*pb.WatchRequest {
 		before = append(before, req)
 	}
 	h.srv.Send(h.t, ws.Progress(-1, rev))
-	select {
-	case err := <-got:
-		require.NoError(h.t, err)
-	case <-time.After(wait):
-		h.t.Fatal("RequestProgress not answered")
-	}
+	require.NoError(h.t, recvProgress(h.t, got).err)
 	return before
 }
 
@@ -272,7 +292,7 @@ func TestPipelinedCreatesMeetAProxy(t *testing.T) {
 	h.srv.Send(t, ws.Created(0, 1)) // the proxy's own id, for either create
 	require.True(t, h.srv.Ended(t), "the stream was kept")
 	h.srv = h.server.Accept(t)
-	go func() { _, _ = h.s.RequestProgress(context.Background()) }()
+	h.progressAsync() // answered below, to end it
 	first := h.srv.RecvCreate(t)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before the first was answered")
 	h.srv.Send(t, ws.Created(0, 1))
@@ -304,7 +324,7 @@ func TestEarlyRefusalOfPipelinedCreates(t *testing.T) {
 	require.True(t, h.srv.Ended(t), "the stream was kept")
 
 	h.srv = h.server.Accept(t)
-	go func() { _, _ = h.s.RequestProgress(context.Background()) }()
+	h.progressAsync() // answered below, to end it
 	first := h.srv.RecvCreate(t)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before the first was answered")
 	if string(first.Key) == "deny" {
@@ -338,22 +358,14 @@ func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 50, ws.Put("a", "v", 50)))
 	next(t, w)
-	got := make(chan int64, 1)
-	go func() {
-		rev, err := h.s.RequestProgress(context.Background())
-		assert.NoError(t, err)
-		got <- rev
-	}()
+	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Progress(-1, 40)) // late answer to a request from before
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "not asked again after a stale answer")
 	h.srv.Send(t, ws.Progress(-1, 60))
-	select {
-	case rev := <-got:
-		require.Equal(t, int64(60), rev)
-	case <-time.After(wait):
-		t.Fatal("RequestProgress did not return")
-	}
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(60), r.rev)
 }
 
 // TestRequestProgressWhenLastWatchGoes: etcd never answers a stream without
@@ -361,19 +373,10 @@ func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
 func TestRequestProgressWhenLastWatchGoes(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithProgressRetry(5*time.Millisecond))
 	w := h.watch(etcdwatch.Key("a"), 1)
-	got := make(chan error, 1)
-	go func() {
-		_, err := h.s.RequestProgress(context.Background())
-		got <- err
-	}()
+	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	w.Cancel()
-	select {
-	case err := <-got:
-		require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
-	case <-time.After(wait):
-		t.Fatal("RequestProgress still waiting on a stream without watches")
-	}
+	require.ErrorIs(t, recvProgress(t, got).err, etcdwatch.ErrNoWatches)
 }
 
 // TestServerChosenIDsAreAdopted: a gRPC proxy ignores the client's ids. The
@@ -485,21 +488,13 @@ func TestStreamProgressReachesEveryWatch(t *testing.T) {
 func TestRequestProgressAsksAgain(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithProgressRetry(10*time.Millisecond))
 	h.watch(etcdwatch.Key("a"), 1)
-	got := make(chan int64, 1)
-	go func() {
-		rev, err := h.s.RequestProgress(context.Background())
-		assert.NoError(t, err)
-		got <- rev
-	}()
+	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "unanswered progress request not repeated")
 	h.srv.Send(t, ws.Progress(-1, 99))
-	select {
-	case rev := <-got:
-		require.Equal(t, int64(99), rev)
-	case <-time.After(wait):
-		t.Fatal("RequestProgress did not return")
-	}
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(99), r.rev)
 }
 
 func TestRequestProgressEndsWithContext(t *testing.T) {
