@@ -6,7 +6,6 @@ import (
 	"iter"
 	"unicode/utf8"
 
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -385,27 +384,26 @@ func bytesFieldSize(num protowire.Number, n int) int {
 	return protowire.SizeTag(num) + protowire.SizeBytes(n)
 }
 
-// codec is the gRPC codec of the Watch stream: it encodes wireRequest and
-// decodes into wireResponse, and leaves any other message to gRPC's
-// protobuf codec.
-type codec struct{ proto encoding.CodecV2 }
-
-func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
+// codec is the gRPC codec of the Watch RPC, forced on it alone: it encodes
+// wireRequest and decodes into wireResponse, the only messages the RPC
+// carries.
+type codec struct{}
 
 // Name is the content-subtype: the one every etcd server registers.
 func (codec) Name() string { return "proto" }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) {
-	if r, ok := v.(*wireRequest); ok {
-		return mem.BufferSlice{mem.SliceBuffer(r.encode())}, nil
+func (codec) Marshal(v any) (mem.BufferSlice, error) {
+	r, ok := v.(*wireRequest)
+	if !ok {
+		return nil, fmt.Errorf("etcdwatch: codec cannot encode %T", v)
 	}
-	return c.proto.Marshal(v)
+	return mem.BufferSlice{mem.SliceBuffer(r.encode())}, nil
 }
 
-func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	r, ok := v.(*wireResponse)
 	if !ok {
-		return c.proto.Unmarshal(data, v)
+		return fmt.Errorf("etcdwatch: codec cannot decode into %T", v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()

@@ -30,7 +30,7 @@ type opener func(ctx context.Context) (wireStream, error)
 // it, and the watch would be re-created only to meet it again.
 func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
 	opts := append([]grpc.CallOption{
-		grpc.ForceCodecV2(newCodec()),
+		grpc.ForceCodecV2(codec{}),
 		grpc.WaitForReady(true),
 		grpc.MaxCallRecvMsgSize(math.MaxInt32),
 	}, callOpts...)
