@@ -31,6 +31,15 @@ func proxied(t *testing.T, endpoint string) *faults.Proxy {
 
 // clientFor returns an official client on endpoints, for writing; it
 // reconnects to a restarted member within a second.
+// startMember starts a member of its own for the test, stopped when it ends.
+func startMember(t *testing.T) *embedded.Server {
+	t.Helper()
+	member, err := embedded.Start(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(member.Stop)
+	return member
+}
+
 func clientFor(t *testing.T, endpoints ...string) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: wait, DialOptions: []grpc.DialOption{
@@ -140,9 +149,7 @@ func TestResumeAcrossConnectionCuts(t *testing.T) {
 // TestResumeAfterMemberRestart stops and restarts the member a stream is on.
 func TestResumeAfterMemberRestart(t *testing.T) {
 	leakCheck(t)
-	member, err := embedded.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(member.Stop)
+	member := startMember(t)
 	kv := clientFor(t, member.Endpoint)
 	s := openOn(t, []string{member.Endpoint}, fastRetry)
 	start := currentRevision(t, kv) + 1
@@ -322,9 +329,7 @@ func TestMemberKillsInCluster(t *testing.T) {
 // the rest.
 func TestClientV3ConnectionWithAuth(t *testing.T) {
 	leakCheck(t)
-	member, err := embedded.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(member.Stop)
+	member := startMember(t)
 	root := clientFor(t, member.Endpoint)
 	c := ctx(t)
 	for _, step := range []func() error{
