@@ -71,8 +71,46 @@ func BenchmarkDeliver(b *testing.B) {
 	}
 }
 
-// BenchmarkCreate measures opening watches from 64 goroutines on one stream.
+// BenchmarkCreate measures opening watches on one stream: from 64
+// goroutines calling Watch, and by WatchAll calls of 1,000 watches.
 func BenchmarkCreate(b *testing.B) {
+	b.Run("Watch-64-goroutines", func(b *testing.B) {
+		s := confirmingStream(b)
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range 64 {
+			wg.Go(func() {
+				for i := range next {
+					if _, err := s.Watch(context.Background(), etcdwatch.Key(fmt.Sprint("k", i))); err != nil {
+						b.Error(err)
+					}
+				}
+			})
+		}
+		for i := range b.N {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+	})
+	b.Run("WatchAll-1000", func(b *testing.B) {
+		s := confirmingStream(b)
+		rs := make([]etcdwatch.Request, 1000)
+		for i := range b.N {
+			for j := range rs {
+				rs[j] = etcdwatch.Key(fmt.Sprint("k", i, "/", j))
+			}
+			if _, err := s.WatchAll(context.Background(), rs...); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(rs)), "ns/watch")
+	})
+}
+
+// confirmingStream is a Stream on a scripted server that confirms every
+// create; the benchmark's timer starts when it returns.
+func confirmingStream(b *testing.B) *etcdwatch.Stream {
 	s, srv := benchStream(b)
 	go func() {
 		for req := range srv.Requests() {
@@ -83,22 +121,7 @@ func BenchmarkCreate(b *testing.B) {
 	}()
 	b.ReportAllocs()
 	b.ResetTimer()
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range 64 {
-		wg.Go(func() {
-			for i := range next {
-				if _, err := s.Watch(context.Background(), etcdwatch.Key(fmt.Sprint("k", i))); err != nil {
-					b.Error(err)
-				}
-			}
-		})
-	}
-	for i := range b.N {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	return s
 }
 
 // BenchmarkResume measures re-creating 5,000 watches on a new stream after

@@ -12,8 +12,8 @@ import (
 
 // Commands other goroutines send to the dispatcher through Stream.cmds.
 type (
-	createCmd struct { // open w, ending it with ctx
-		w   *Watch
+	createCmd struct { // open ws, ending them with ctx
+		ws  []*Watch
 		ctx context.Context
 	}
 	cancelCmd   struct{ w *Watch }          // w was ended by its consumer: release it
@@ -169,8 +169,10 @@ func (d *dispatcher) shutdown() {
 		case c := <-d.s.cmds:
 			switch c := c.(type) {
 			case createCmd:
-				c.w.tellCreated(ErrClosed)
-				c.w.end(ErrClosed, true)
+				for _, w := range c.ws {
+					w.tellCreated(ErrClosed)
+					w.end(ErrClosed, true)
+				}
 			case progressCmd:
 				c.p.reply <- progressResult{err: ErrClosed}
 			}
@@ -183,7 +185,7 @@ func (d *dispatcher) shutdown() {
 func (d *dispatcher) handleCommand(c any) {
 	switch c := c.(type) {
 	case createCmd:
-		d.handleCreate(c.w, c.ctx)
+		d.handleCreate(c.ws, c.ctx)
 	case ctxDoneCmd:
 		d.handleCtxDone(c.g)
 	case cancelCmd:
@@ -195,15 +197,18 @@ func (d *dispatcher) handleCommand(c any) {
 	}
 }
 
-func (d *dispatcher) handleCreate(w *Watch, ctx context.Context) {
-	if d.failed != nil {
-		w.tellCreated(d.failed)
-		w.end(d.failed, true)
-		return
+// handleCreate queues the creates of ws, in order, and sends them.
+func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
+	for _, w := range ws {
+		if d.failed != nil {
+			w.tellCreated(d.failed)
+			w.end(d.failed, true)
+			continue
+		}
+		d.bind(w, ctx)
+		d.s.stats.watches.Add(1)
+		d.toCreate.Push(w)
 	}
-	d.bind(w, ctx)
-	d.s.stats.watches.Add(1)
-	d.toCreate.Push(w)
 	d.flushCreates()
 }
 

@@ -171,20 +171,24 @@ func (f *fuzzServer) consume(w *Watch) {
 func (f *fuzzServer) step(op, arg byte) {
 	f.readOutbox()
 	switch op % 11 {
-	case 0: // a consumer opens a watch
-		r := Key(fmt.Sprint("k", len(f.watches)))
-		if arg%3 == 0 {
-			r = r.FromRevision(f.rev + int64(arg%5))
+	case 0: // a consumer opens a watch, or three in one call
+		var ws []*Watch
+		for range 1 + 2*int(arg/128) {
+			r := Key(fmt.Sprint("k", len(f.watches)))
+			if arg%3 == 0 {
+				r = r.FromRevision(f.rev + int64(arg%5))
+			}
+			r.Fragment = arg%2 == 0
+			w := newWatch(f.d.s, r)
+			f.watches = append(f.watches, w)
+			f.consume(w)
+			ws = append(ws, w)
 		}
-		r.Fragment = arg%2 == 0
-		w := newWatch(f.d.s, r)
-		f.watches = append(f.watches, w)
-		f.consume(w)
 		ctx := context.Background()
 		if arg%4 == 1 {
 			ctx = f.ctx
 		}
-		f.d.handleCreate(w, ctx)
+		f.d.handleCreate(ws, ctx)
 	case 1, 2, 3: // the server answers the oldest create: as asked, refused, or with its own id
 		if len(f.creates) == 0 {
 			return
@@ -374,11 +378,11 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
 	d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 	d.sess = startSession(d.open)
-	for _, k := range []string{"a", "b"} {
-		w := newWatch(s, Key(k))
-		w.created = make(chan error, 1)
-		d.handleCreate(w, context.Background())
+	ws := []*Watch{newWatch(s, Key("a")), newWatch(s, Key("b"))}
+	for _, w := range ws {
+		w.created = make(chan created, 2)
 	}
+	d.handleCreate(ws, context.Background())
 	if d.pending.Len() != 2 {
 		t.Fatalf("%d creates in flight, want 2 pipelined", d.pending.Len())
 	}

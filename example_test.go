@@ -42,6 +42,28 @@ func Example() {
 	}
 }
 
+func ExampleStream_WatchAll() {
+	var s *etcdwatch.Stream // opened as in the package example
+	tenants := []string{"acme", "globex", "initech"}
+	rs := make([]etcdwatch.Request, len(tenants))
+	for i, t := range tenants {
+		rs[i] = etcdwatch.Prefix("tenants/" + t + "/")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // ends every watch
+	ws, err := s.WatchAll(ctx, rs...) // one round trip for all of them
+	if err != nil {
+		log.Fatal(err) // none is open; errors.As finds a *etcdwatch.ServerError for a refusal
+	}
+	for i, w := range ws {
+		go func() {
+			for r := range w.Responses() {
+				fmt.Printf("%s: %d events at revision %d\n", tenants[i], len(r.Events), r.Revision)
+			}
+		}()
+	}
+}
+
 func ExampleStream_RequestProgress() {
 	var s *etcdwatch.Stream // opened as in the package example
 	rev, err := s.RequestProgress(context.Background())

@@ -3,6 +3,7 @@ package etcdwatch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -66,31 +67,88 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 // both the wait and the watch's life: when ctx ends, the watch ends with
 // ctx's cause. An invalid Request is refused with an error wrapping
 // ErrInvalidRequest; a create refused by the server returns a *ServerError.
+//
+// Each call waits for its own confirmation; to open many watches at once,
+// use WatchAll.
 func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
-	if err := r.Validate(); err != nil {
+	ws, _, err := s.open(ctx, []Request{r})
+	if err != nil {
 		return nil, err
+	}
+	return ws[0], nil
+}
+
+// WatchAll opens a watch for each request, all at once: their creates go out
+// back to back, so that opening thousands of watches costs about one round
+// trip rather than one each, and no goroutine each. It returns the watches,
+// in the order of rs, once the server has confirmed every one; an empty rs
+// returns nil.
+//
+// It is all or nothing. If a request is invalid, nothing is opened. If the
+// server refuses a create, ctx ends or the Stream closes before every watch
+// is confirmed, the watches opened so far are canceled. The error names the
+// first request that failed and wraps what Watch would have returned for it
+// (match it with errors.Is and errors.As). ctx bounds the wait and every
+// watch's life, as it does for Watch.
+func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	ws, i, err := s.open(ctx, rs)
+	if err != nil && i >= 0 {
+		return nil, fmt.Errorf("request %d of %d (%s): %w", i, len(rs), rs[i], err)
+	}
+	return ws, err
+}
+
+// open creates a watch for each of rs and waits until the server has
+// confirmed all of them. On failure it cancels them all and returns the index
+// of the request that failed, or -1 when the failure concerns none in
+// particular (ctx, Close).
+func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) {
+	for i, r := range rs {
+		if err := r.Validate(); err != nil {
+			return nil, i, err
+		}
 	}
 	if err := context.Cause(ctx); err != nil {
-		return nil, err
+		return nil, -1, err
 	}
-	w := newWatch(s, r.clone())
-	created := make(chan error, 1)
-	w.created = created // the dispatcher's from here on
-	if !s.command(createCmd{w, ctx}) {
-		return nil, ErrClosed
+	created := make(chan created, len(rs)) // buffered for every outcome: the dispatcher never blocks on it
+	ws := make([]*Watch, len(rs))
+	for i, r := range rs {
+		ws[i] = newWatch(s, r.clone())
+		ws[i].created = created // the dispatcher's from here on
 	}
-	select {
-	case err := <-created:
-		if err != nil {
-			return nil, err
+	if !s.command(createCmd{ws, ctx}) {
+		return nil, -1, ErrClosed
+	}
+	failed, err := s.awaitCreated(ctx, created, len(ws))
+	if err == nil {
+		return ws, -1, nil
+	}
+	for _, w := range ws {
+		w.cancelWith(err)
+	}
+	return nil, slices.Index(ws, failed), err
+}
+
+// awaitCreated waits for n outcomes of creates and returns the first failure:
+// a watch the server refused and why, or no watch and ctx's cause or ErrClosed.
+func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int) (*Watch, error) {
+	for range n {
+		select {
+		case c := <-created:
+			if c.err != nil {
+				return c.w, c.err
+			}
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		case <-s.done:
+			return nil, ErrClosed
 		}
-	case <-ctx.Done():
-		w.cancelWith(context.Cause(ctx))
-		return nil, context.Cause(ctx)
-	case <-s.done:
-		return nil, ErrClosed
 	}
-	return w, nil
+	return nil, nil
 }
 
 // RequestProgress asks the server for a revision R such that every active

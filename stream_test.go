@@ -602,3 +602,135 @@ func TestConcurrentWatchersAndCancels(t *testing.T) {
 	}
 	require.Equal(t, int64(0), h.s.Stats().Watches)
 }
+
+// watchAllAsync calls WatchAll in a goroutine; the result arrives on the channel.
+func (h *harness) watchAllAsync(ctx context.Context, rs ...etcdwatch.Request) <-chan watchAllResult {
+	ch := make(chan watchAllResult, 1)
+	go func() {
+		ws, err := h.s.WatchAll(ctx, rs...)
+		ch <- watchAllResult{ws, err}
+	}()
+	return ch
+}
+
+type watchAllResult struct {
+	ws  []*etcdwatch.Watch
+	err error
+}
+
+func recvAll(t *testing.T, ch <-chan watchAllResult) watchAllResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(wait):
+		t.Fatal("WatchAll did not return")
+		return watchAllResult{}
+	}
+}
+
+// keys returns a Key request for each key.
+func keys(ks ...string) []etcdwatch.Request {
+	rs := make([]etcdwatch.Request, len(ks))
+	for i, k := range ks {
+		rs[i] = etcdwatch.Key(k)
+	}
+	return rs
+}
+
+// TestWatchAllSendsEveryCreateAtOnce: all the creates reach the server before
+// it answers any, and the watches come back in the order asked, each with
+// its own id and events, though events of confirmed watches arrive among
+// the answers.
+func TestWatchAllSendsEveryCreateAtOnce(t *testing.T) {
+	h := newHarness(t)
+	const n = 100
+	var ks []string
+	for i := range n {
+		ks = append(ks, fmt.Sprint("k", i))
+	}
+	res := h.watchAllAsync(context.Background(), keys(ks...)...)
+	var creates []*pb.WatchCreateRequest
+	for range n {
+		creates = append(creates, h.srv.RecvCreate(t))
+	}
+	for i, c := range creates {
+		require.Equal(t, ks[i], string(c.Key), "creates go out in the order asked")
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+		h.srv.Send(t, ws.Events(c.WatchId, int64(2+i), ws.Put(ks[i], "v", int64(2+i))))
+	}
+	got := recvAll(t, res)
+	require.NoError(t, got.err)
+	require.Len(t, got.ws, n)
+	for i, w := range got.ws {
+		require.Equal(t, creates[i].WatchId, w.ID())
+		require.Equal(t, ks[i], string(next(t, w).Events[0].Key))
+	}
+	require.Equal(t, int64(n), h.s.Stats().Watches)
+}
+
+// TestWatchAllIsAllOrNothing: one refused create fails the call, naming the
+// request, and every watch it opened is canceled on the server.
+func TestWatchAllIsAllOrNothing(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("first"), 1) // an echoed id: the stream is trusted to pipeline
+	res := h.watchAllAsync(context.Background(), keys("a", "b", "deny", "c", "d")...)
+	const reason = "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+	confirmed := map[int64]bool{}
+	for range 5 {
+		c := h.srv.RecvCreate(t)
+		if string(c.Key) == "deny" {
+			h.srv.Send(t, ws.CreateFailed(reason))
+			continue
+		}
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+		confirmed[c.WatchId] = true
+	}
+	got := recvAll(t, res)
+	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
+	var se *etcdwatch.ServerError
+	require.ErrorAs(t, got.err, &se)
+	require.Equal(t, reason, se.Reason)
+	require.Contains(t, got.err.Error(), `request 2 of 5 (key "deny")`)
+	require.Nil(t, got.ws)
+	for range confirmed {
+		id := h.srv.RecvCancel(t)
+		require.True(t, confirmed[id], "cancel of %d, which was not opened by the call", id)
+		delete(confirmed, id)
+		h.srv.Send(t, ws.Canceled(id))
+	}
+	require.Eventually(t, func() bool { return h.s.Stats().Watches == 1 }, wait, time.Millisecond)
+}
+
+// TestWatchAllValidatesEveryRequestFirst: one invalid request and nothing is
+// sent.
+func TestWatchAllValidatesEveryRequestFirst(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("first"), 1)
+	_, err := h.s.WatchAll(context.Background(), etcdwatch.Key("a"), etcdwatch.Range("b", "a"), etcdwatch.Key("c"))
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+	require.Contains(t, err.Error(), "request 1 of 3")
+	require.Empty(t, h.barrier(1), "requests were sent")
+	ws, err := h.s.WatchAll(context.Background())
+	require.NoError(t, err)
+	require.Nil(t, ws)
+}
+
+// TestWatchAllEndsWithItsContext: a context that ends before every watch is
+// confirmed fails the call with its cause, and the watches confirmed after
+// that are canceled on the server.
+func TestWatchAllEndsWithItsContext(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	res := h.watchAllAsync(ctx, keys("a", "b")...)
+	a, b := h.srv.RecvCreate(t), h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(a.WatchId, 1))
+	gone := errors.New("caller gone")
+	cancel(gone)
+	got := recvAll(t, res)
+	require.ErrorIs(t, got.err, gone)
+	require.NotContains(t, got.err.Error(), "request", "no request failed")
+	h.srv.Send(t, ws.Created(b.WatchId, 1))
+	cancels := map[int64]bool{h.srv.RecvCancel(t): true, h.srv.RecvCancel(t): true}
+	require.Equal(t, map[int64]bool{a.WatchId: true, b.WatchId: true}, cancels)
+}

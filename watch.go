@@ -37,14 +37,14 @@ type Watch struct {
 
 	// Owned by the dispatcher.
 	state       watchState
-	fromNow     bool       // created with Revision 0 and not yet confirmed
-	probe       bool       // a liveness probe, not a user's watch
-	authRetried bool       // refused for its credentials once; refused again, it ends
-	abandoned   bool       // ended by its consumer while a create was in flight
-	created     chan error // to Stream.Watch, the first create's outcome; nil once told
-	group       *ctxGroup  // the watches whose contexts end with this one's; nil if it never ends
-	reqID       int64      // id asked for in the create in flight
-	rev         int64      // every event <= rev has been queued for the consumer
+	fromNow     bool           // created with Revision 0 and not yet confirmed
+	probe       bool           // a liveness probe, not a user's watch
+	authRetried bool           // refused for its credentials once; refused again, it ends
+	abandoned   bool           // ended by its consumer while a create was in flight
+	created     chan<- created // to Stream.open, the first create's outcome; nil once told
+	group       *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
+	reqID       int64          // id asked for in the create in flight
+	rev         int64          // every event <= rev has been queued for the consumer
 
 	// Delivery, shared by the dispatcher (producer), the pump goroutine and
 	// the consumer's Cancel; guarded by mu.
@@ -136,12 +136,19 @@ func (w *Watch) cancelWith(err error) {
 	<-w.Done()
 }
 
-// tellCreated gives Stream.Watch the outcome of the first create, once; the
+// created is the outcome of a watch's first create: nil once the server has
+// confirmed it, else why it failed.
+type created struct {
+	w   *Watch
+	err error
+}
+
+// tellCreated gives Stream.open the outcome of the first create, once; the
 // channel is dropped then, so that a running watch does not carry it.
 // Called by the dispatcher.
 func (w *Watch) tellCreated(err error) {
 	if w.created != nil {
-		w.created <- err // buffered: never blocks
+		w.created <- created{w, err} // buffered for every watch of the call: never blocks
 		w.created = nil
 	}
 }

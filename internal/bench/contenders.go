@@ -41,16 +41,7 @@ func (c etcdwatchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs
 	if err != nil {
 		return nil, err
 	}
-	watches := make([]*etcdwatch.Watch, len(specs))
-	err = parallel(len(specs), func(i int) error {
-		r := etcdwatch.Key(specs[i].key)
-		if specs[i].prefix {
-			r = etcdwatch.Prefix(specs[i].key)
-		}
-		w, err := s.Watch(ctx, r)
-		watches[i] = w
-		return err
-	})
+	watches, err := openAll(ctx, s, specs)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -153,6 +144,28 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 		cancel()
 		wg.Wait()
 	}, nil
+}
+
+// openAll opens a watch for each spec: by one WatchAll, or with -callers
+// goroutines calling Watch.
+func openAll(ctx context.Context, s *etcdwatch.Stream, specs []spec) ([]*etcdwatch.Watch, error) {
+	rs := make([]etcdwatch.Request, len(specs))
+	for i, sp := range specs {
+		rs[i] = etcdwatch.Key(sp.key)
+		if sp.prefix {
+			rs[i] = etcdwatch.Prefix(sp.key)
+		}
+	}
+	if *callers == 0 {
+		return s.WatchAll(ctx, rs...)
+	}
+	watches := make([]*etcdwatch.Watch, len(specs))
+	err := parallel(len(specs), func(i int) error {
+		w, err := s.Watch(ctx, rs[i])
+		watches[i] = w
+		return err
+	})
+	return watches, err
 }
 
 // parallel runs f(0..n-1) on -callers goroutines and returns the first

@@ -36,7 +36,7 @@ var (
 	events1        = flag.Int("events1", 200000, "clientonly: events sent 1 to a response")
 	memoryN        = flag.Int("memory", 10000, "memory: idle watches")
 	memoryChildOf  = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
-	callers        = flag.Int("callers", 64, "goroutines opening etcdwatch's watches (Watch blocks until confirmed)")
+	callers        = flag.Int("callers", 0, "etcdwatch opens its watches with one WatchAll (0), or with this many goroutines calling Watch")
 	verbose        = flag.Bool("v", false, "print each etcdwatch run's stream counters")
 	contendersFlag = flag.String("contenders", "raw,clientv3,etcdwatch", "contenders to run, comma-separated")
 	cpuProfile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")

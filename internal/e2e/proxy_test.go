@@ -49,25 +49,35 @@ func grpcProxy(t *testing.T) string {
 
 // TestThroughEtcdGRPCProxy: etcd's gRPC proxy picks its own watch ids and
 // answers a create that joins a range it already watches before earlier
-// creates. Watches opened together through it must each get their own
-// events, never another watch's.
+// creates. Watches opened together through it, from goroutines or by one
+// WatchAll, must each get their own events, never another watch's.
 func TestThroughEtcdGRPCProxy(t *testing.T) {
+	t.Run("Watch", func(t *testing.T) { throughGRPCProxy(t, false) })
+	t.Run("WatchAll", func(t *testing.T) { throughGRPCProxy(t, true) })
+}
+
+func throughGRPCProxy(t *testing.T, watchAll bool) {
 	leakCheck(t)
 	s := openOn(t, []string{grpcProxy(t)})
 	kv, ctx := client(t), ctx(t)
 	const n = 40
-	key := func(i int) string { return fmt.Sprintf("gproxy/%02d", i%(n/2)) } // two watches per key
+	prefix := unique("gproxy")
+	key := func(i int) string { return fmt.Sprintf("%s%02d", prefix, i%(n/2)) } // two watches per key
 	watches := make([]*etcdwatch.Watch, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			w, err := s.Watch(ctx, etcdwatch.Key(key(i)))
-			if assert.NoError(t, err) {
-				watches[i] = w
-			}
-		})
+	if watchAll {
+		watches = watchAllKeys(t, s, n, key)
+	} else {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				w, err := s.Watch(ctx, etcdwatch.Key(key(i)))
+				if assert.NoError(t, err) {
+					watches[i] = w
+				}
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	require.NotContains(t, watches, (*etcdwatch.Watch)(nil))
 	require.True(t, s.Stats().IDsRewritten, "the proxy's own ids went unnoticed")
 	for i := range n / 2 {

@@ -57,12 +57,19 @@ func collect(t *testing.T, w *etcdwatch.Watch, upTo <-chan int64) *collector {
 
 // TestBusyPrefixWhileCreating is the reported interleaving against a real
 // server: while a writer keeps one watch busy, 250 more watches are created
-// on the same stream. Every watch must get exactly its own events, and the
-// busy watch every write, in order.
+// on the same stream, from goroutines calling Watch or by one WatchAll.
+// Every watch must get exactly its own events, and the busy watch every
+// write, in order.
 func TestBusyPrefixWhileCreating(t *testing.T) {
+	t.Run("Watch", func(t *testing.T) { busyPrefixWhileCreating(t, false) })
+	t.Run("WatchAll", func(t *testing.T) { busyPrefixWhileCreating(t, true) })
+}
+
+func busyPrefixWhileCreating(t *testing.T, watchAll bool) {
 	leakCheck(t)
 	s, kv, ctx := open(t), client(t), ctx(t)
-	busy, err := s.Watch(ctx, etcdwatch.Prefix("race/busy/"))
+	prefix := unique("race")
+	busy, err := s.Watch(ctx, etcdwatch.Prefix(prefix+"busy/"))
 	require.NoError(t, err)
 	lastRev := make(chan int64, 1)
 	busyEvents := collect(t, busy, lastRev)
@@ -78,7 +85,7 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 				return
 			default:
 			}
-			resp, err := kv.Put(ctx, "race/busy/k", strconv.Itoa(i))
+			resp, err := kv.Put(ctx, prefix+"busy/k", strconv.Itoa(i))
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -87,10 +94,16 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 	}()
 
 	start := time.Now()
-	watches := watchKeys(t, s, 10, 25, func(n int) string { return fmt.Sprintf("race/own/%03d", n) })
+	own := func(n int) string { return fmt.Sprintf("%sown/%03d", prefix, n) }
+	var watches []*etcdwatch.Watch
+	if watchAll {
+		watches = watchAllKeys(t, s, 250, own)
+	} else {
+		watches = watchKeys(t, s, 10, 25, own)
+	}
 	created := time.Since(start)
 	for n := range watches {
-		_, err := kv.Put(ctx, fmt.Sprintf("race/own/%03d", n), fmt.Sprint("own-", n))
+		_, err := kv.Put(ctx, own(n), fmt.Sprint("own-", n))
 		require.NoError(t, err)
 	}
 	close(stop)
@@ -101,7 +114,7 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 
 	var got []int64
 	for _, e := range busyEvents.events {
-		require.Equal(t, "race/busy/k", string(e.Key))
+		require.Equal(t, prefix+"busy/k", string(e.Key))
 		got = append(got, e.ModRevision)
 	}
 	require.Equal(t, revs, got, "the busy watch lost, repeated or reordered events")
@@ -111,7 +124,7 @@ func TestBusyPrefixWhileCreating(t *testing.T) {
 	for n, w := range watches {
 		events := nextEvents(t, w)
 		require.Len(t, events, 1)
-		require.Equal(t, fmt.Sprintf("race/own/%03d", n), string(events[0].Key))
+		require.Equal(t, own(n), string(events[0].Key))
 		require.Equal(t, fmt.Sprint("own-", n), string(events[0].Value))
 		for drained := false; !drained; { // nothing else up to the progress revision
 			select {
@@ -395,5 +408,18 @@ func watchKeys(t *testing.T, s *etcdwatch.Stream, goroutines, each int, key func
 	}
 	wg.Wait()
 	require.NotContains(t, watches, (*etcdwatch.Watch)(nil), "some watches were not opened")
+	return watches
+}
+
+// watchAllKeys opens n watches, on key(0) to key(n-1), with one WatchAll.
+func watchAllKeys(t *testing.T, s *etcdwatch.Stream, n int, key func(n int) string) []*etcdwatch.Watch {
+	t.Helper()
+	rs := make([]etcdwatch.Request, n)
+	for i := range rs {
+		rs[i] = etcdwatch.Key(key(i))
+	}
+	watches, err := s.WatchAll(t.Context(), rs...)
+	require.NoError(t, err)
+	require.Len(t, watches, n)
 	return watches
 }
