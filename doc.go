@@ -18,6 +18,9 @@
 //	}
 //	// w.Err() says why the watch ended.
 //
+// Watch waits for the server to confirm each watch; WatchAll opens many in
+// about one round trip.
+//
 // # Guarantees
 //
 //   - Each watch delivers whole revisions, in order, each event once: events
