@@ -127,6 +127,11 @@ func (s *session) recvLoop(open opener) error {
 			return err
 		}
 		select {
+		case s.recv <- resp: // room, or the dispatcher waiting: no select over ctx needed
+			continue
+		default:
+		}
+		select {
 		case s.recv <- resp:
 		case <-s.ctx.Done():
 			return context.Cause(s.ctx)
