@@ -734,3 +734,14 @@ func TestWatchAllEndsWithItsContext(t *testing.T) {
 	cancels := map[int64]bool{h.srv.RecvCancel(t): true, h.srv.RecvCancel(t): true}
 	require.Equal(t, map[int64]bool{a.WatchId: true, b.WatchId: true}, cancels)
 }
+
+// TestStatsLastMessage: zero until a response arrives, then when it did.
+func TestStatsLastMessage(t *testing.T) {
+	h := newHarness(t)
+	require.True(t, h.s.Stats().LastMessage.IsZero())
+	before := time.Now()
+	h.watch(etcdwatch.Key("a"), 1)
+	got := h.s.Stats().LastMessage
+	require.False(t, got.Before(before), "LastMessage %v is before the response was sent", got)
+	require.False(t, got.After(time.Now()))
+}
