@@ -56,13 +56,18 @@ type Header struct {
 }
 
 // Response is one delivery to a watch: the events of one or more whole
-// revisions in order, or, with no events, a progress bookmark.
+// revisions in order, or, with no events, a progress bookmark. A consumer
+// that keeps up gets one Response per message from the server; for one that
+// is behind, small messages waiting for it are joined, up to 64 events to a
+// Response, so that it catches up in fewer handovers. Bookmarks are never
+// joined with events.
 //
 // A Response belongs to its consumer, who may keep and modify it. The keys
-// and values of its events share one buffer, the size of the message that
-// carried them (appending to one never changes another): keeping a single
-// key keeps that buffer alive, so copy what you keep for long.
+// and values of events from one message share one buffer, the size of that
+// message (appending to one never changes another): keeping a single key
+// keeps that buffer alive, so copy what you keep for long.
 type Response struct {
+	// Header is that of the last message whose events the Response carries.
 	Header Header
 	Events []Event
 	// Revision promises that every event of this watch with a revision

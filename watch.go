@@ -156,6 +156,19 @@ func (w *Watch) tellCreated(err error) {
 // keptQueue is the largest queue buffer a watch keeps once drained.
 const keptQueue = 4
 
+// joinMax is the most events a queued response takes in from those queued
+// after it. A consumer that is behind then takes small responses several at
+// a time, each handover costing a goroutine wake-up; large ones go as they
+// came, since copying them would cost more than it saves.
+const joinMax = 64
+
+// joinable reports whether the events of r may join queued response q: both
+// carry events, few enough together. A Response holds whole revisions in
+// order, and so does the joined one.
+func joinable(q, r Response) bool {
+	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= joinMax
+}
+
 // size is how much of the buffer limit a response takes.
 func size(r Response) int { return max(len(r.Events), 1) }
 
@@ -182,11 +195,16 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 		b = &backlog{stop: make(chan struct{})}
 		w.backlog = b
 	}
-	if last := b.queue.Last(); last != nil && r.IsProgress() && last.IsProgress() {
+	switch last := b.queue.Last(); {
+	case last != nil && r.IsProgress() && last.IsProgress():
 		*last = r // a newer bookmark supersedes a queued one
 		return false
+	case last != nil && joinable(*last, r):
+		last.Events = append(last.Events, r.Events...)
+		last.Header, last.Revision = r.Header, r.Revision
+	default:
+		b.queue.Push(r)
 	}
-	b.queue.Push(r)
 	b.queued += size(r)
 	if !w.pumping {
 		w.pumping = true
@@ -206,60 +224,67 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 // limit it asks the dispatcher to resume the watch.
 func (w *Watch) pump(stop chan struct{}) {
 	defer w.stream.pumps.Done()
-	for {
-		r, ok := w.next()
-		if !ok {
+	r, ok, _ := w.next(0)
+	for ok {
+		if !w.offer(r, stop) {
+			w.giveUp()
 			return
 		}
-		select {
-		case w.out <- r:
-			w.delivered.Store(r.Revision)
-			if w.taken(r) {
-				w.stream.command(resumeCmd{w})
-			}
-		case <-stop:
-			w.giveUp()
-			return
-		case <-w.stream.closing:
-			w.giveUp()
-			return
+		w.delivered.Store(r.Revision)
+		var resume bool
+		r, ok, resume = w.next(size(r))
+		if resume {
+			w.stream.command(resumeCmd{w})
 		}
 	}
 }
 
-// next returns the head of the queue for the pump; it stays counted against
-// the limit until the consumer takes it. When the queue is empty it ends the
-// pump's run, releasing the buffer and closing the channel if the watch has
-// ended, and reports !ok.
-func (w *Watch) next() (r Response, ok bool) {
+// offer blocks until the consumer takes r, and reports false if stop or the
+// Stream's closing comes first. A consumer already waiting takes r without
+// the cost of a select over all three.
+func (w *Watch) offer(r Response, stop chan struct{}) bool {
+	select {
+	case w.out <- r:
+		return true
+	default:
+	}
+	select {
+	case w.out <- r:
+		return true
+	case <-stop:
+		return false
+	case <-w.stream.closing:
+		return false
+	}
+}
+
+// next accounts for what the consumer has just taken (took, as counted by
+// size; 0 for nothing) and returns the head of the queue for the pump, which
+// stays counted against the limit until the consumer takes it. resume
+// reports that a paused watch's backlog has fallen to half the limit, so
+// that the watch should resume. When the queue is empty it ends the pump's
+// run, releasing the buffer and closing the channel if the watch has ended,
+// and reports !ok.
+func (w *Watch) next(took int) (r Response, ok, resume bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	q := &w.backlog.queue // made before the pump started
-	r, ok = q.Pop()
+	b := w.backlog // made before the pump started
+	b.queued -= took
+	if w.paused && b.queued <= w.stream.opts.bufferLimit/2 {
+		w.paused = false
+		resume = true
+	}
+	r, ok = b.queue.Pop()
 	if !ok {
 		w.pumping = false
-		if q.Cap() > keptQueue {
-			q.Reset() // a large backlog's buffer goes; a small one stays for the next burst
+		if b.queue.Cap() > keptQueue {
+			b.queue.Reset() // a large backlog's buffer goes; a small one stays for the next burst
 		}
 		if w.ended {
 			w.closeOut()
 		}
 	}
-	return r, ok
-}
-
-// taken accounts for a response the consumer has received. It reports
-// whether a paused watch's backlog has fallen to half the limit, so that
-// the watch should resume.
-func (w *Watch) taken(r Response) (resume bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.backlog.queued -= size(r)
-	if w.paused && w.backlog.queued <= w.stream.opts.bufferLimit/2 {
-		w.paused = false
-		return true
-	}
-	return false
+	return r, ok, resume
 }
 
 // giveUp ends the pump's run without delivering the backlog, closing the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -105,6 +106,57 @@ func TestDuplicateEventsAreDropped(t *testing.T) {
 	require.Equal(t, uint64(2), h.s.Stats().DuplicatesDropped)
 }
 
+// TestConsumerBehindTakesJoinedResponses: small responses queued for a
+// consumer that is behind are joined, up to 64 events, into responses that
+// still hold whole revisions in order, each with the header of the last
+// message it carries; a bookmark is never joined with events, and large
+// responses go as they came.
+func TestConsumerBehindTakesJoinedResponses(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	const small = 200
+	for rev := int64(2); rev < 2+small; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev+1000, ws.Put("a", fmt.Sprint(rev), rev)))
+	}
+	h.srv.Send(t, ws.Progress(w.ID(), 2+small))
+	large := ws.Events(w.ID(), 3+small+1000)
+	for range 40 { // two revisions of 40 events each: too many to join
+		large.Events = append(large.Events, ws.Put("a", "x", 3+small))
+	}
+	h.srv.Send(t, large)
+	large.Events = append([]*mvccpb.Event(nil), large.Events...)
+	for _, e := range large.Events {
+		e.Kv = &mvccpb.KeyValue{Key: e.Kv.Key, Value: e.Kv.Value, ModRevision: 4 + small}
+	}
+	large.Header = ws.Header(4 + small + 1000)
+	h.srv.Send(t, large)
+	require.Eventually(t, func() bool { return h.s.Stats().Events == small+80 }, wait, time.Millisecond)
+
+	var revs []int64
+	responses := 0
+	for len(revs) < small {
+		r := next(t, w)
+		responses++
+		require.NotEmpty(t, r.Events)
+		require.LessOrEqual(t, len(r.Events), 64)
+		last := r.Events[len(r.Events)-1].ModRevision
+		require.Equal(t, last, r.Revision)
+		require.Equal(t, last+1000, r.Header.Revision, "not the header of the last message joined")
+		for _, e := range r.Events {
+			require.Equal(t, fmt.Sprint(e.ModRevision), string(e.Value))
+			revs = append(revs, e.ModRevision)
+		}
+	}
+	require.Equal(t, revisions(2, 1+small), revs)
+	require.Less(t, responses, small/10, "responses were not joined")
+	require.True(t, next(t, w).IsProgress(), "a bookmark was joined")
+	for rev := int64(3 + small); rev <= 4+small; rev++ {
+		r := next(t, w)
+		require.Len(t, r.Events, 40)
+		require.Equal(t, rev, r.Revision)
+	}
+}
+
 // TestSlowConsumerIsPausedAndResumed: without a stall budget, a consumer
 // that stops reading gets its watch paused at the buffer limit, without
 // holding up a busy neighbour, and after it catches up the watch resumes
@@ -130,7 +182,7 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 			got = append(got, e.ModRevision)
 		}
 	}
-	for range limit / 2 {
+	for len(got) < limit/2 {
 		read()
 	}
 	c := h.srv.RecvCreate(t)
@@ -198,14 +250,25 @@ func stalled(t *testing.T, limit int, budget time.Duration) (h *harness, lag, ot
 	return h, lag, other
 }
 
-// readRevisions reads n responses of w and returns their events' revisions.
-func readRevisions(t *testing.T, w *etcdwatch.Watch, n int) []int64 {
+// readEvents reads responses of w until at least n events have come and
+// returns their revisions. Responses queued for a consumer that is behind
+// are joined, so there may be more than n.
+func readEvents(t *testing.T, w *etcdwatch.Watch, n int) []int64 {
 	t.Helper()
 	var revs []int64
-	for range n {
+	for len(revs) < n {
 		for _, e := range next(t, w).Events {
 			revs = append(revs, e.ModRevision)
 		}
+	}
+	return revs
+}
+
+// revisions returns from, from+1, ... to.
+func revisions(from, to int64) []int64 {
+	var revs []int64
+	for rev := from; rev <= to; rev++ {
+		revs = append(revs, rev)
 	}
 	return revs
 }
@@ -225,9 +288,10 @@ func TestLaggingConsumerIsWaitedFor(t *testing.T) {
 	// within microseconds.
 	require.Never(t, func() bool { return h.s.Stats().Responses > read }, 50*time.Millisecond, time.Millisecond,
 		"a response was read during the stall")
-	require.Equal(t, []int64{2, 3, 4, 5}, readRevisions(t, lag, limit/2))
+	got := readEvents(t, lag, limit/2)
+	require.Equal(t, revisions(2, int64(1+len(got))), got)
 	require.Equal(t, int64(10), next(t, other).Revision, "the stream did not read on after the stall")
-	require.Equal(t, []int64{6, 7, 8, 9, 10}, readRevisions(t, lag, limit/2+1))
+	require.Equal(t, revisions(int64(2+len(got)), 10), readEvents(t, lag, 9-len(got)))
 	require.Empty(t, h.barrier(10), "a request (a pause's cancel?) was sent")
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Stalls)
@@ -248,7 +312,7 @@ func TestStuckConsumerIsPausedAfterItsStall(t *testing.T) {
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Stalls)
 	require.Equal(t, uint64(1), st.Pauses)
-	require.Equal(t, []int64{2, 3}, readRevisions(t, stuck, limit/2))
+	require.Equal(t, revisions(2, 1+limit), readEvents(t, stuck, limit))
 	require.Equal(t, int64(2+limit), h.srv.RecvCreate(t).StartRevision, "resumed at the wrong revision")
 }
 
@@ -278,7 +342,7 @@ func TestStreamEndDuringAStallPausesTheWatch(t *testing.T) {
 	h.srv.Send(t, ws.Events(c.WatchId, 20, ws.Put("other", "v", 20)))
 	require.Equal(t, int64(20), next(t, other).Revision)
 	require.Equal(t, uint64(1), h.s.Stats().Pauses)
-	require.Equal(t, []int64{2, 3}, readRevisions(t, lag, limit/2))
+	require.Equal(t, revisions(2, 1+limit), readEvents(t, lag, limit))
 	c = h.srv.RecvCreate(t)
 	require.Equal(t, "lag", string(c.Key))
 	require.Equal(t, int64(2+limit), c.StartRevision)
