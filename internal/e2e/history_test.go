@@ -207,14 +207,16 @@ type recording struct {
 // record reads w until its channel closes.
 func record(w *etcdwatch.Watch, start int64) *recording { return recordSlowly(w, start, 0) }
 
-// recordSlowly is record with a consumer that takes pause per response.
+// recordSlowly is record with a consumer that, every other second, takes
+// pause per event: it falls behind, then catches up. (Per event, not per
+// response: responses waiting for a consumer that is behind are joined.)
 func recordSlowly(w *etcdwatch.Watch, start int64, pause time.Duration) *recording {
 	r := &recording{w: w, start: start, done: make(chan struct{})}
 	go func() { // exits when the watch ends; Cancel ends it
 		defer close(r.done)
 		for resp := range w.Responses() {
-			if pause > 0 {
-				time.Sleep(pause) // a slow consumer, on purpose
+			if pause > 0 && time.Now().Unix()%2 == 0 {
+				time.Sleep(pause * time.Duration(len(resp.Events))) // a slow consumer, on purpose
 			}
 			r.mu.Lock()
 			r.resps = append(r.resps, resp)

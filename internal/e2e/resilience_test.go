@@ -58,7 +58,8 @@ func watchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64) []*
 	return slowWatchSet(t, s, prefix, start, 0)
 }
 
-// slowWatchSet is watchSet with consumers that take pause per response.
+// slowWatchSet is watchSet with consumers that, every other second, take
+// pause per event (see recordSlowly).
 func slowWatchSet(t *testing.T, s *etcdwatch.Stream, prefix string, start int64, pause time.Duration) []*recording {
 	t.Helper()
 	reqs := []etcdwatch.Request{
