@@ -50,7 +50,7 @@ func ExampleStream_WatchAll() {
 		rs[i] = etcdwatch.Prefix("tenants/" + t + "/")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel() // ends every watch
+	defer cancel()                    // ends every watch
 	ws, err := s.WatchAll(ctx, rs...) // one round trip for all of them
 	if err != nil {
 		log.Fatal(err) // none is open; errors.As finds a *etcdwatch.ServerError for a refusal
