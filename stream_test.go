@@ -96,12 +96,20 @@ func (h *harness) progressAsync() <-chan progressResult {
 // recvProgress waits for the result of a progressAsync call.
 func recvProgress(t *testing.T, ch <-chan progressResult) progressResult {
 	t.Helper()
+	return recv(t, ch, "RequestProgress")
+}
+
+// recv waits for the result of a call made in the background; call names
+// the call in the failure.
+func recv[T any](t *testing.T, ch <-chan T, call string) T {
+	t.Helper()
 	select {
 	case r := <-ch:
 		return r
 	case <-time.After(wait):
-		t.Fatal("RequestProgress did not return")
-		return progressResult{}
+		t.Fatalf("%s did not return", call)
+		var zero T
+		return zero
 	}
 }
 
@@ -126,13 +134,7 @@ func (h *harness) barrier(rev int64) []*pb.WatchRequest {
 
 func recvResult(t *testing.T, ch <-chan watchResult) watchResult {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(wait):
-		t.Fatal("Watch did not return")
-		return watchResult{}
-	}
+	return recv(t, ch, "Watch")
 }
 
 // next returns the watch's next response.
@@ -620,13 +622,7 @@ type watchAllResult struct {
 
 func recvAll(t *testing.T, ch <-chan watchAllResult) watchAllResult {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(wait):
-		t.Fatal("WatchAll did not return")
-		return watchAllResult{}
-	}
+	return recv(t, ch, "WatchAll")
 }
 
 // keys returns a Key request for each key.
