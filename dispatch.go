@@ -100,9 +100,9 @@ func (d *dispatcher) run() {
 			d.handleCommand(c)
 			d.drainCommands()
 		case resp := <-recv:
+			d.s.stats.lastMessage.Store(time.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
 			d.handleResponse(&resp)
 			d.drainResponses(recv)
-			d.s.stats.lastMessage.Store(time.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
 		case send <- d.outbox:
 			d.outbox = nil
 		case <-dead:

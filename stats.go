@@ -22,7 +22,8 @@ type Stats struct {
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended
 	Resumed           uint64 // watches re-created on a new stream after a reconnect
-	// LastMessage is when the last response arrived; zero before the first.
+	// LastMessage is when the last response, or the burst of responses
+	// read together with it, arrived; zero before the first.
 	LastMessage time.Time
 }
 
