@@ -2,6 +2,7 @@ package etcdwatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -80,9 +81,16 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 
 // WatchAll opens a watch for each request, all at once: their creates go out
 // back to back, so that opening thousands of watches costs about one round
-// trip rather than one each, and no goroutine each. It returns the watches,
-// in the order of rs, once the server has confirmed every one; an empty rs
-// returns nil.
+// trip rather than one each, and no goroutine each. (Through etcd's gRPC
+// proxy, which picks its own watch ids, creates go one at a time whatever
+// the call.) It returns the watches, in the order of rs, once the server has
+// confirmed every one; an empty rs returns nil.
+//
+// Events of the watches confirmed first wait in their buffers until the
+// call returns. A watch with more history to replay than WithBufferLimit
+// (FromRevision far back) may therefore hold up the stream, and then be
+// paused and resumed, before its consumer starts: nothing is lost, but
+// opening such a watch with Watch, its consumer ready, avoids the replay.
 //
 // It is all or nothing. If a request is invalid, nothing is opened. If the
 // server refuses a create, ctx ends or the Stream closes before every watch
@@ -104,7 +112,7 @@ func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) 
 // open creates a watch for each of rs and waits until the server has
 // confirmed all of them. On failure it cancels them all and returns the index
 // of the request that failed, or -1 when the failure concerns none in
-// particular (ctx, Close).
+// particular: ctx, Close, a stream that failed for good.
 func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) {
 	for i, r := range rs {
 		if err := r.Validate(); err != nil {
@@ -129,6 +137,9 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 	}
 	for _, w := range ws {
 		w.cancelWith(err)
+	}
+	if errors.Is(err, ErrClosed) || errors.Is(err, ErrStreamFailed) {
+		return nil, -1, err // told to every watch, whichever came first
 	}
 	return nil, slices.Index(ws, failed), err
 }

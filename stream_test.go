@@ -741,3 +741,29 @@ func TestStatsLastMessage(t *testing.T) {
 	require.False(t, got.Before(before), "LastMessage %v is before the response was sent", got)
 	require.False(t, got.After(time.Now()))
 }
+
+// TestWatchAllEndedForTheWholeStream: a Stream closed, or failed for good,
+// while WatchAll waits fails the call with that error, naming no request.
+func TestWatchAllEndedForTheWholeStream(t *testing.T) {
+	for name, tc := range map[string]struct {
+		end  func(h *harness)
+		want error
+	}{
+		"Close":  {func(h *harness) { h.s.Close() }, etcdwatch.ErrClosed},
+		"failed": {func(h *harness) { h.srv.Close(status.Error(codes.PermissionDenied, "no")) }, etcdwatch.ErrStreamFailed},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			res := h.watchAllAsync(context.Background(), keys("a", "b", "c")...)
+			a := h.srv.RecvCreate(t)
+			h.srv.RecvCreate(t)
+			h.srv.RecvCreate(t)
+			h.srv.Send(t, ws.Created(a.WatchId, 1))
+			tc.end(h)
+			got := recvAll(t, res)
+			require.ErrorIs(t, got.err, tc.want)
+			require.NotContains(t, got.err.Error(), "request", "a request was blamed")
+			require.Nil(t, got.ws)
+		})
+	}
+}
