@@ -228,6 +228,32 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 	t.Logf("pauses: %d", st.Pauses)
 }
 
+// TestPausedWatchResumesAtHalfItsLimit: a paused watch is re-created once
+// its consumer has taken half the limit, not before. Responses of 40 events
+// are too large to join, so the consumer takes them one by one.
+func TestPausedWatchResumesAtHalfItsLimit(t *testing.T) {
+	const limit, per = 200, 40
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev < 2+limit/per; rev++ {
+		resp := ws.Events(w.ID(), rev)
+		for range per {
+			resp.Events = append(resp.Events, ws.Put("a", "v", rev))
+		}
+		h.srv.Send(t, resp)
+	}
+	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t)))
+	for range 2 { // 120 events left: above half
+		require.Len(t, next(t, w).Events, per)
+	}
+	require.Never(t, func() bool { return h.s.Stats().Resumes > 0 }, 50*time.Millisecond, time.Millisecond,
+		"resumed above half the limit") // bounded: a resume comes within microseconds
+	require.Len(t, next(t, w).Events, per) // 80 left
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(2+limit/per), c.StartRevision)
+	require.Equal(t, uint64(1), h.s.Stats().Resumes)
+}
+
 // fillToLimit sends w limit events from revision 2 on and waits until the
 // Stream stalls for w's consumer, which reads none of them.
 func fillToLimit(h *harness, w *etcdwatch.Watch, limit int) {
