@@ -57,8 +57,9 @@ type Header struct {
 
 // Response is one delivery to a watch: the events of one or more whole
 // revisions in order, or, with no events, a progress bookmark. A consumer
-// that keeps up gets one Response per message from the server; for one that
-// is behind, small messages waiting for it are joined, up to 64 events to a
+// that keeps up gets the events of each message from the server (of each
+// revision sent in fragments) in a Response of their own; for one that is
+// behind, small responses waiting for it are joined, up to 64 events to a
 // Response, so that it catches up in fewer handovers. Bookmarks are never
 // joined with events.
 //

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -49,19 +52,21 @@ func ExampleStream_WatchAll() {
 	for i, t := range tenants {
 		rs[i] = etcdwatch.Prefix("tenants/" + t + "/")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()                    // ends every watch
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt) // Ctrl-C ends every watch
+	defer stop()
 	ws, err := s.WatchAll(ctx, rs...) // one round trip for all of them
 	if err != nil {
 		log.Fatal(err) // none is open; errors.As finds a *etcdwatch.ServerError for a refusal
 	}
+	var wg sync.WaitGroup
 	for i, w := range ws {
-		go func() {
+		wg.Go(func() {
 			for r := range w.Responses() {
-				fmt.Printf("%s: %d events at revision %d\n", tenants[i], len(r.Events), r.Revision)
+				fmt.Printf("%s: %d events up to revision %d\n", tenants[i], len(r.Events), r.Revision)
 			}
-		}()
+		})
 	}
+	wg.Wait()
 }
 
 func ExampleStream_RequestProgress() {
