@@ -18,8 +18,8 @@
 //	}
 //	// w.Err() says why the watch ended.
 //
-// Watch waits for the server to confirm each watch; WatchAll opens many in
-// about one round trip.
+// Watch waits for the server to confirm each watch; WatchAll opens many with
+// their creates sent back to back, in about one round trip.
 //
 // # Guarantees
 //
