@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -316,14 +317,29 @@ func (w *writer) check(t *testing.T, r *recording, upTo int64) int {
 }
 
 // waitDelivered waits until every recording has delivered up to rev.
+// On failure it says where each watch short of rev was when the wait began
+// and where it is, to tell a stuck watch from a slow consumer.
 func waitDelivered(t *testing.T, rev int64, recs ...*recording) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	from := make([]int64, len(recs))
+	for i, r := range recs {
+		from[i] = r.Last()
+	}
+	reached := func() bool {
 		for _, r := range recs {
 			if r.Last() < rev {
 				return false
 			}
 		}
 		return true
-	}, wait, time.Millisecond, "watches did not reach revision %d", rev)
+	}
+	if assert.Eventually(t, reached, wait, time.Millisecond, "watches did not reach revision %d", rev) {
+		return
+	}
+	for i, r := range recs {
+		if r.Last() < rev {
+			t.Logf("watch %s (id %d): at %d when the wait began, %d now", r.w.Request(), r.w.ID(), from[i], r.Last())
+		}
+	}
+	t.FailNow()
 }

@@ -42,21 +42,26 @@ func TestSoak(t *testing.T) {
 	}
 	kv := clientFor(t, endpoints...)
 	opts := []etcdwatch.Option{fastRetry, etcdwatch.WithRequireLeader(), etcdwatch.WithLiveness(time.Second, time.Second)}
-	var logBuf syncBuffer
-	s := openOn(t, proxyAddrs, append(opts, etcdwatch.WithLogger(slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))))...)
+	logged := func(buf *syncBuffer) etcdwatch.Option {
+		return etcdwatch.WithLogger(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	}
+	var logBuf, tightLog syncBuffer
+	s := openOn(t, proxyAddrs, append(opts, logged(&logBuf))...)
+	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32), logged(&tightLog))...)
 	var recs []*recording
-	t.Cleanup(func() {
+	defer func() { // on failure, while the watches still run
 		if t.Failed() {
 			t.Logf("stats %+v\nlog of the first stream:\n%s", s.Stats(), logBuf.String())
+			t.Logf("tight stream stats %+v\nlog of the tight stream:\n%s", tight.Stats(), tightLog.String())
 			for _, r := range recs {
 				t.Logf("watch %s: id %d, revision %d, err %v", r.w.Request(), r.w.ID(), r.w.Revision(), r.w.Err())
 			}
 		}
-	})
-	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32))...)
+	}()
 	start := currentRevision(t, kv) + 1
-	// The tight stream's consumers are slower than the writer: they pause.
-	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 5*time.Millisecond)...)
+	// The tight stream's consumers are slower than the writer every other
+	// second: they pause, then catch up.
+	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 2*time.Millisecond)...)
 	w := startWriter(t, kv, "soak/", 20)
 
 	counts := map[string]int{}
