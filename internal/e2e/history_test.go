@@ -210,14 +210,18 @@ func record(w *etcdwatch.Watch, start int64) *recording { return recordSlowly(w,
 
 // recordSlowly is record with a consumer that, every other second, takes
 // pause per event: it falls behind, then catches up. (Per event, not per
-// response: responses waiting for a consumer that is behind are joined.)
+// response: responses waiting for a consumer that is behind are joined.
+// And the clock is read per event: a replay of thousands of events, which
+// can come in one response, must not make a slow second last for minutes.)
 func recordSlowly(w *etcdwatch.Watch, start int64, pause time.Duration) *recording {
 	r := &recording{w: w, start: start, done: make(chan struct{})}
 	go func() { // exits when the watch ends; Cancel ends it
 		defer close(r.done)
 		for resp := range w.Responses() {
-			if pause > 0 && time.Now().Unix()%2 == 0 {
-				time.Sleep(pause * time.Duration(len(resp.Events))) // a slow consumer, on purpose
+			for range resp.Events {
+				if pause > 0 && time.Now().Unix()%2 == 0 {
+					time.Sleep(pause) // a slow consumer, on purpose
+				}
 			}
 			r.mu.Lock()
 			r.resps = append(r.resps, resp)
