@@ -17,6 +17,7 @@ type (
 		ctx context.Context
 	}
 	cancelCmd   struct{ w *Watch }          // w was ended by its consumer: release it
+	cancelsCmd  struct{ ws []*Watch }       // as cancelCmd, for each of ws
 	resumeCmd   struct{ w *Watch }          // the consumer of paused w has caught up
 	progressCmd struct{ p *progressWaiter } // a RequestProgress call waits
 )
@@ -191,6 +192,10 @@ func (d *dispatcher) handleCommand(c any) {
 		d.handleCtxDone(c.g)
 	case cancelCmd:
 		d.handleCancel(c.w)
+	case cancelsCmd:
+		for _, w := range c.ws {
+			d.handleCancel(w)
+		}
 	case resumeCmd:
 		d.handleResume(c.w)
 	case progressCmd:

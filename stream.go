@@ -135,13 +135,28 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 	if err == nil {
 		return ws, -1, nil
 	}
-	for _, w := range ws {
-		w.cancelWith(err)
-	}
+	s.cancelAll(ws, err)
 	if errors.Is(err, ErrClosed) || errors.Is(err, ErrStreamFailed) {
 		return nil, -1, err // told to every watch, whichever came first
 	}
 	return nil, slices.Index(ws, failed), err
+}
+
+// cancelAll ends every watch of ws with err, as Cancel would, in one command
+// to the dispatcher rather than one each.
+func (s *Stream) cancelAll(ws []*Watch, err error) {
+	var ended []*Watch
+	for _, w := range ws {
+		if w.end(err, true) {
+			ended = append(ended, w)
+		}
+	}
+	if len(ended) > 0 {
+		s.command(cancelsCmd{ended})
+	}
+	for _, w := range ws {
+		<-w.Done()
+	}
 }
 
 // awaitCreated waits for n outcomes of creates and returns the first failure:
