@@ -93,11 +93,12 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // opening such a watch with Watch, its consumer ready, avoids the replay.
 //
 // It is all or nothing. If a request is invalid, nothing is opened. If the
-// server refuses a create, ctx ends or the Stream closes before every watch
-// is confirmed, the watches opened so far are canceled. The error names the
-// first request that failed and wraps what Watch would have returned for it
-// (match it with errors.Is and errors.As). ctx bounds the wait and every
-// watch's life, as it does for Watch.
+// server refuses a create, ctx ends, the Stream closes or its stream fails
+// for good before every watch is confirmed, the watches opened so far are
+// canceled. For an invalid or refused request the error names it and wraps
+// what Watch would have returned for it (match it with errors.Is and
+// errors.As); otherwise it is the error Watch returns then. ctx bounds the
+// wait and every watch's life, as it does for Watch.
 func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) {
 	if len(rs) == 0 {
 		return nil, nil
