@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -118,7 +119,7 @@ func runResume(c contender, rep int) (result, error) {
 		return nil, err
 	}
 	a.expect(st.Header.Revision + 1)
-	start := time.Now()
+	start, cpu := time.Now(), cpuTime()
 	proxy.Cut()
 	if _, err := put("after"); err != nil {
 		return nil, err
@@ -126,7 +127,17 @@ func runResume(c contender, rep int) (result, error) {
 	if err := a.wait(2 * time.Minute); err != nil {
 		return nil, fmt.Errorf("after the cut: %w", err)
 	}
-	return result{"seconds": time.Since(start).Seconds()}, nil
+	return result{"seconds": time.Since(start).Seconds(), "cpu_seconds": (cpuTime() - cpu).Seconds()}, nil
+}
+
+// cpuTime returns the CPU time, user and system, the process has used: the
+// embedded etcd's as well as the contender's, since both run in it.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // connAndWriter returns a watch connection to addr and an official client
