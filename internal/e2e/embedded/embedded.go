@@ -159,6 +159,13 @@ func (s *Server) IsLeader() bool {
 	return s.etcd != nil && s.etcd.Server.Leader() == s.etcd.Server.MemberID()
 }
 
+// HasLeader reports whether the running member knows of a leader in its
+// cluster. A member cut off from its quorum loses it within an election
+// timeout or two.
+func (s *Server) HasLeader() bool {
+	return s.etcd != nil && s.etcd.Server.Leader() != 0
+}
+
 // Dial returns a gRPC connection to the member for etcdwatch.Open.
 func (s *Server) Dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
