@@ -25,17 +25,19 @@ type (
 // dispatcher owns all of a Stream's watch state. Only its run goroutine
 // touches its fields, so none of them is locked.
 type dispatcher struct {
-	s     *Stream
-	open  opener
-	log   *slog.Logger
-	limit int // options.bufferLimit
+	s    *Stream
+	open opener
+	log  *slog.Logger
 
 	sess      *session  // the gRPC stream now; nil while waiting to reconnect
 	sessStart time.Time // when sess was opened
+	sessHeard bool      // the server has said something on sess
+	downSince time.Time // when the last stream that worked ended; zero while one works
 	failed    error     // a failure reconnecting cannot fix; nil while the stream is usable
 	backoff   backoff   // delays between reconnections
 	retry     timer     // fires to open the next session
 	live      liveness  // notices a stream that has gone silent
+	hurry     connHurry // cuts gRPC's reconnect backoff short while a stream waits for it
 
 	watches    map[int64]*Watch              // active watches by server id
 	paused     map[*Watch]struct{}           // paused watches, waiting for their consumers
@@ -62,7 +64,6 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		s:          s,
 		open:       open,
 		log:        s.opts.logger,
-		limit:      s.opts.bufferLimit,
 		watches:    make(map[int64]*Watch),
 		paused:     make(map[*Watch]struct{}),
 		cancelling: make(map[int64]struct{}),
@@ -73,6 +74,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
 		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},
+		hurry:      newConnHurry(s.conn, s.opts.connectRetry),
 	}
 }
 
@@ -102,6 +104,7 @@ func (d *dispatcher) run() {
 			d.drainCommands()
 		case resp := <-recv:
 			d.s.stats.lastMessage.Store(time.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
+			d.sess.took(resp.size)
 			d.handleResponse(&resp)
 			d.drainResponses(recv)
 		case send <- d.outbox:
@@ -112,6 +115,8 @@ func (d *dispatcher) run() {
 			d.connect()
 		case <-d.live.C:
 			d.handleLivenessTick()
+		case <-d.hurry.C:
+			d.handleHurryTick()
 		case <-d.progress.C:
 			d.handleProgressTimeout()
 		case <-d.stall.C:
@@ -137,6 +142,7 @@ func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 		}
 		select {
 		case resp := <-recv:
+			d.sess.took(resp.size)
 			d.handleResponse(&resp)
 		default:
 			return
@@ -165,6 +171,7 @@ func (d *dispatcher) shutdown() {
 	d.retry.stop()
 	d.stall.stop()
 	d.live.stop()
+	d.hurry.stop()
 	d.progress.stop()
 	for { // commands that arrived too late
 		select {
@@ -240,6 +247,9 @@ func (d *dispatcher) handleCancel(w *Watch) {
 // handleCreated). On a stream that picks its own ids, and on every stream
 // after one did, one create is in flight at a time.
 func (d *dispatcher) flushCreates() {
+	if d.toCreate.Len() > 0 {
+		d.stallShared() // their answers wait behind a stall
+	}
 	pipeline := !d.idsIgnored && (d.idsTrusted || !d.proxySeen && !d.slowStart)
 	for d.toCreate.Len() > 0 && (pipeline || d.pending.Len() == 0) {
 		w, _ := d.toCreate.Pop()
@@ -347,6 +357,9 @@ func kindOf(resp *wireResponse) responseKind {
 func (d *dispatcher) handleResponse(resp *wireResponse) {
 	d.s.stats.responses.Add(1)
 	d.live.heard = true
+	if !d.sessHeard {
+		d.streamWorks()
+	}
 	d.maxRev = max(d.maxRev, resp.Header.Revision)
 	switch kindOf(resp) {
 	case kindCreated:

@@ -311,25 +311,51 @@ func FuzzDispatcher(f *testing.F) {
 	})
 }
 
+// TestBackoff: a stream that worked is followed by the next at once (at
+// most one such retry per min), however short it lived; only streams that
+// fail before doing anything back off, exponentially; a member without a
+// leader is polled every noLeaderRetry, without growing the delay.
 func TestBackoff(t *testing.T) {
-	b := backoff{min: 100 * time.Millisecond, max: time.Second}
-	if d := b.next(0); d != 0 {
-		t.Fatalf("first retry waits %v, want 0", d)
-	}
-	for _, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
-		want *= time.Millisecond
-		if d := b.next(time.Second); d < want/2 || d > want {
-			t.Fatalf("delay %v, want within [%v, %v]", d, want/2, want)
+	const ms = time.Millisecond
+	var (
+		worked   = streamEnd{worked: true}
+		failed   = streamEnd{}
+		noLeader = streamEnd{noLeader: true}
+	)
+	b := backoff{min: 100 * ms, max: time.Second}
+	t0 := time.Unix(1000, 0)
+	for i, step := range []struct {
+		at       time.Duration // when the stream ended
+		end      streamEnd
+		min, max time.Duration // the delay's range
+	}{
+		{0, worked, 0, 0},                    // a cut: at once
+		{400 * ms, worked, 0, 0},             // a series of cuts: every one at once
+		{800 * ms, worked, 0, 0},             //
+		{850 * ms, worked, 50 * ms, 50 * ms}, // 50ms after the last immediate retry: spaced to min
+		{900 * ms, failed, 50 * ms, 100 * ms},
+		{1000 * ms, failed, 100 * ms, 200 * ms},
+		{1200 * ms, failed, 200 * ms, 400 * ms},
+		{1600 * ms, noLeader, noLeaderRetry / 2, noLeaderRetry}, // polled, not backed off
+		{1650 * ms, noLeader, noLeaderRetry / 2, noLeaderRetry},
+		{1700 * ms, failed, 400 * ms, 800 * ms}, // the failures in a row go on counting
+		{2500 * ms, failed, 500 * ms, time.Second},
+		{3500 * ms, failed, 500 * ms, time.Second}, // capped at max
+		{4500 * ms, worked, 0, 0},                  // worked: starts over
+		{4600 * ms, failed, 50 * ms, 100 * ms},
+	} {
+		d := b.next(t0.Add(step.at), step.end)
+		if d < step.min || d > step.max {
+			t.Fatalf("step %d (%+v at %v): delay %v, want within [%v, %v]", i, step.end, step.at, d, step.min, step.max)
 		}
-	}
-	if d := b.next(healthyPeriod); d != 0 {
-		t.Fatalf("after a healthy stream the retry waits %v, want 0", d)
 	}
 }
 
 // TestStallRation: the first stallFree of each stall is free; beyond it,
 // stalls draw on a budget of at most max that refills at 1/stallShare of the
-// time, and a watch reaching its limit with the budget spent is not waited for.
+// time, and a watch reaching its limit with the budget spent is not waited
+// for. A stall that holds up other watches may last sharedStall at most, and
+// one that comes to hold them up is cut short to that.
 func TestStallRation(t *testing.T) {
 	const stallMax = 100 * time.Millisecond
 	s := stall{max: stallMax}
@@ -337,34 +363,52 @@ func TestStallRation(t *testing.T) {
 	w := &Watch{}
 	t0 := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	step := func(begin, end time.Duration, wantBegun bool, wantBudget time.Duration) {
-		t.Helper()
-		if got := s.begin(w, at(begin)); got != wantBegun {
-			t.Fatalf("stall at %v begun %v, want %v", begin, got, wantBegun)
+	ms := time.Millisecond
+	for _, step := range []struct {
+		begin      time.Duration
+		shared     bool
+		sharedAt   time.Duration // > 0: another watch starts waiting then
+		end        time.Duration
+		wantBegun  bool
+		wantUntil  time.Duration // the stall's deadline, from t0
+		wantBudget time.Duration // after it ended
+	}{
+		{0, false, 0, 1 * ms, true, 101 * ms, stallMax},                                                                              // within the free part: costs nothing
+		{10 * ms, false, 0, 71 * ms, true, 111 * ms, 40 * ms},                                                                        // 60ms charged beyond the free part
+		{81 * ms, false, 0, 132 * ms, true, 123 * ms, 0},                                                                             // refilled by 1ms to 41ms; 50ms charged, never below 0
+		{132 * ms, false, 0, 0, false, 0, 0},                                                                                         // spent: the watch is paused instead
+		{232 * ms, false, 0, 237 * ms, true, 243 * ms, 6 * ms},                                                                       // 100ms refill 10ms; 4ms charged
+		{10 * time.Second, false, 0, 10*time.Second + ms, true, 10*time.Second + 101*ms, stallMax},                                   // refilled up to the cap, no further
+		{11 * time.Second, true, 0, 11*time.Second + 2*ms, true, 11*time.Second + sharedStall, stallMax - ms},                        // neighbours: sharedStall at most
+		{12 * time.Second, false, 12*time.Second + ms, 12*time.Second + 2*ms, true, 12*time.Second + sharedStall, stallMax - ms},     // cut short
+		{13 * time.Second, false, 13*time.Second + 5*ms, 13*time.Second + 5*ms, true, 13*time.Second + sharedStall, stallMax - 4*ms}, // past sharedStall: due at once
+	} {
+		if got := s.begin(w, at(step.begin), step.shared); got != step.wantBegun {
+			t.Fatalf("stall at %v begun %v, want %v", step.begin, got, step.wantBegun)
 		}
-		if got := s.w; (got == w) != wantBegun {
-			t.Fatalf("stall at %v waits for %p", begin, got)
+		if got := s.w; (got == w) != step.wantBegun {
+			t.Fatalf("stall at %v waits for %p", step.begin, got)
 		}
-		if wantBegun {
-			s.end(at(end))
+		if !step.wantBegun {
+			continue
 		}
-		if s.budget != wantBudget {
-			t.Fatalf("after the stall at %v the budget is %v, want %v", begin, s.budget, wantBudget)
+		if step.sharedAt > 0 {
+			s.share(at(step.sharedAt))
+		}
+		if want := at(step.wantUntil); !s.until.Equal(want) {
+			t.Fatalf("stall at %v lasts until %v, want %v", step.begin, s.until.Sub(t0), step.wantUntil)
+		}
+		s.end(at(step.end))
+		if s.budget != step.wantBudget {
+			t.Fatalf("after the stall at %v the budget is %v, want %v", step.begin, s.budget, step.wantBudget)
 		}
 		if s.w != nil || s.C != nil {
 			t.Fatal("an ended stall still waits")
 		}
 	}
-	ms := time.Millisecond
-	step(0, 1*ms, true, stallMax)                           // within the free part: costs nothing
-	step(10*ms, 71*ms, true, 40*ms)                         // 60ms charged beyond the free part
-	step(81*ms, 132*ms, true, 0)                            // refilled by 1ms to 41ms; 50ms charged, never below 0
-	step(132*ms, 0, false, 0)                               // spent: the watch is paused instead
-	step(232*ms, 237*ms, true, 6*ms)                        // 100ms refill 10ms; 4ms charged
-	step(10*time.Second, 10*time.Second+ms, true, stallMax) // refilled up to the cap, no further
 
 	never := stall{}
-	if never.begin(w, t0) || never.C != nil {
+	if never.begin(w, t0, false) || never.C != nil {
 		t.Fatal("a zero budget stalls")
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -104,6 +107,15 @@ func classifyReason(reason string) *ServerError {
 		}
 	}
 	return &ServerError{Reason: reason, kind: ErrServerCanceled}
+}
+
+// isNoLeader reports whether a stream was refused or ended because its
+// member had no leader (etcd's ErrGRPCNoLeader, sent to streams that
+// require one). It reads the server's text, as classifyReason does: etcd
+// sends this refusal as a plain Unavailable status.
+func isNoLeader(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "no leader")
 }
 
 // streamError wraps the error that ended a gRPC stream.

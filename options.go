@@ -14,9 +14,10 @@ type Option func(*options)
 
 type options struct {
 	backoffMin, backoffMax        time.Duration
+	connectRetry                  time.Duration
 	livenessIdle, livenessTimeout time.Duration
 	requireLeader                 bool
-	bufferLimit                   int
+	bufferLimit, bufferBytes      int
 	stallBudget                   time.Duration
 	progressRetry                 time.Duration
 	logger                        *slog.Logger
@@ -27,10 +28,12 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		bufferLimit:     1024,
+		bufferBytes:     16 << 20,
 		stallBudget:     100 * time.Millisecond,
 		progressRetry:   250 * time.Millisecond,
 		backoffMin:      100 * time.Millisecond,
 		backoffMax:      5 * time.Second,
+		connectRetry:    100 * time.Millisecond,
 		livenessIdle:    30 * time.Second,
 		livenessTimeout: 10 * time.Second,
 		logger:          slog.New(slog.DiscardHandler),
@@ -38,26 +41,38 @@ func defaultOptions() options {
 }
 
 // WithBufferLimit bounds how many events (a bookmark counts as one) a watch
-// may hold for a consumer that is not reading. When a watch reaches the
-// limit, the Stream first waits for its consumer, reading no more responses
-// (see WithStallBudget), and if the consumer does not catch up the watch is
-// paused: its server-side watch is canceled, nothing is lost, and it is
-// re-created from its next revision once the consumer has read half of its
-// backlog. The buffer grows on demand, so an idle watch holds none of it.
-// Default 1024; at least 1.
+// may hold for a consumer that is not reading; WithBufferBytes bounds their
+// bytes. When a watch reaches either limit, the Stream may first wait for
+// its consumer, reading no more responses (see WithStallBudget), and if the
+// consumer does not catch up the watch is paused: its server-side watch is
+// canceled, nothing is lost, and it is re-created from its next revision
+// once the consumer has read half of its backlog. The buffer grows on
+// demand, so an idle watch holds none of it. Default 1024; at least 1.
 func WithBufferLimit(events int) Option { return func(o *options) { o.bufferLimit = events } }
 
-// WithStallBudget bounds how long the Stream may hold up all its watches
-// waiting for a consumer at its buffer limit to take half its backlog, before
-// it pauses that watch. Such a wait (a stall) lets gRPC flow control slow the
-// server, which is far cheaper than a pause when a busy process merely ran the
-// consumer late. The first millisecond of each stall is free; the rest is
-// drawn from a budget of up to d that refills at a tenth of the time that
-// passes. So a consumer that is never more than a moment late sets the
-// stream's pace (backpressure), while one that lags for longer costs the
-// other watches at most about a tenth of the stream's time before it is
-// paused. 0 pauses a watch as soon as it reaches its limit and never holds
-// up the others. Default 100ms; at least 0.
+// WithBufferBytes bounds the bytes a watch may hold for a consumer that is
+// not reading: its events' keys and values (previous ones included) and
+// about 100 bytes an event, as WithBufferLimit does their number. A single
+// response larger than the limit is still delivered whole; the watch is
+// then at its limit until its consumer takes it. Default 16 MiB; at least 1.
+func WithBufferBytes(n int) Option { return func(o *options) { o.bufferBytes = n } }
+
+// WithStallBudget bounds how long the Stream may stop reading to wait for
+// the consumer of a watch alone on the stream, at its buffer limit, to take
+// half its backlog, before it pauses that watch. Such a wait (a stall) lets
+// gRPC flow control slow the server, which is far cheaper than a pause when
+// a busy process merely ran the consumer late. The first millisecond of
+// each stall is free; the rest is drawn from a budget of up to d that
+// refills at a tenth of the time that passes. So a consumer that is never
+// more than a moment late sets the stream's pace (backpressure), while one
+// that stopped reading is paused within d.
+//
+// A stall holds up every watch on the stream, so a watch with neighbours
+// (other watches active or being created, or a RequestProgress waiting) is
+// waited for at most 2ms, within the same budget, before it is paused: a
+// consumer that stops reading delays the other watches by that much, once.
+// 0 pauses a watch as soon as it reaches its limit and never holds up the
+// stream. Default 100ms; at least 0.
 func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
 
 // WithProgressRetry sets how long RequestProgress waits for an answer before
@@ -80,12 +95,30 @@ func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }
 
-// WithReconnectBackoff sets the delays between attempts to replace a broken
-// gRPC stream: the first attempt is immediate, the next wait about min, then
-// twice as long each time up to max, with jitter; after a stream has stayed
-// up for 10s the next failure starts over. Default 100ms and 5s.
+// WithReconnectBackoff sets the delays between attempts to replace a gRPC
+// stream that failed before the server said anything on it: about min,
+// then twice as long for each such stream in a row up to max, with jitter.
+// A stream that worked (the server answered on it, or it stayed up for
+// 10s) is replaced at once, however often that happens, except that such
+// immediate retries are at least min apart. Streams refused because their
+// member has no leader (WithRequireLeader) are retried every 25-50ms
+// instead: the refusal costs the server nothing, and the watches should
+// be back as soon as a leader is. Waiting for the connection itself is
+// gRPC's part; see WithConnectRetry. Default 100ms and 5s.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
+}
+
+// WithConnectRetry sets how often a stream waiting for its connection, if
+// the connection is a *grpc.ClientConn in TRANSIENT_FAILURE, resets the
+// connection's reconnect backoff (ResetConnectBackoff) so that gRPC tries
+// again at once. gRPC's default backoff waits 1s, then 1.6 times longer each
+// time up to 2 minutes, so without this a member back after a 3s outage is
+// reached about 2s late. A connection with another address ready is not in
+// TRANSIENT_FAILURE, and is left alone. 0 leaves the connection's backoff to
+// its own settings (grpc.WithConnectParams). Default 100ms; at least 0.
+func WithConnectRetry(interval time.Duration) Option {
+	return func(o *options) { o.connectRetry = interval }
 }
 
 // WithLiveness makes the Stream notice a stream that has gone silent, such as
@@ -108,12 +141,16 @@ func (o *options) validate() error {
 	switch {
 	case o.bufferLimit < 1:
 		return fmt.Errorf("%w: WithBufferLimit(%d) must be at least 1", ErrInvalidArgument, o.bufferLimit)
+	case o.bufferBytes < 1:
+		return fmt.Errorf("%w: WithBufferBytes(%d) must be at least 1", ErrInvalidArgument, o.bufferBytes)
 	case o.stallBudget < 0:
 		return fmt.Errorf("%w: WithStallBudget(%v) must be at least 0", ErrInvalidArgument, o.stallBudget)
 	case o.progressRetry < time.Millisecond:
 		return fmt.Errorf("%w: WithProgressRetry(%v) must be at least 1ms", ErrInvalidArgument, o.progressRetry)
 	case o.backoffMin <= 0 || o.backoffMax < o.backoffMin:
 		return fmt.Errorf("%w: WithReconnectBackoff(%v, %v) needs 0 < min <= max", ErrInvalidArgument, o.backoffMin, o.backoffMax)
+	case o.connectRetry < 0:
+		return fmt.Errorf("%w: WithConnectRetry(%v) must be at least 0", ErrInvalidArgument, o.connectRetry)
 	case o.livenessIdle < 0 || (o.livenessIdle > 0 && o.livenessTimeout <= 0):
 		return fmt.Errorf("%w: WithLiveness(%v, %v) needs idle >= 0 and, unless idle is 0, timeout > 0", ErrInvalidArgument, o.livenessIdle, o.livenessTimeout)
 	case o.logger == nil:

@@ -33,7 +33,11 @@ type progressState struct {
 	timer    // runs while a request is in flight
 }
 
+// waited reports whether a RequestProgress call waits for an answer.
+func (p *progressState) waited() bool { return len(p.waiting)+len(p.next) > 0 }
+
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
+	d.stallShared()
 	p.minRev = d.maxRev
 	switch {
 	case d.failed != nil:

@@ -1,8 +1,10 @@
 package etcdwatch
 
 import (
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -12,10 +14,6 @@ import (
 
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 )
-
-// healthyPeriod is how long a stream must stay up for the reconnection
-// backoff to start again from its shortest delay.
-const healthyPeriod = 10 * time.Second
 
 // Causes with which the dispatcher itself ends a session, to replace it.
 var (
@@ -29,8 +27,9 @@ var (
 func (d *dispatcher) connect() {
 	d.sess = startSession(d.open)
 	d.idsTrusted, d.idsIgnored = false, false // the new stream may reach another server
-	d.sessStart = time.Now()
+	d.sessStart, d.sessHeard = time.Now(), false
 	d.live.arm()
+	d.hurry.arm()
 	d.flushCreates()
 	d.resendProgress()
 }
@@ -58,9 +57,16 @@ func (d *dispatcher) handleSessionEnd() {
 		d.endAll(d.failed, false)
 		return
 	}
-	delay := d.backoff.next(time.Since(d.sessStart))
+	end := streamEnd{
+		worked:   d.sessHeard || time.Since(d.sessStart) >= healthyPeriod,
+		noLeader: isNoLeader(err),
+	}
+	if end.worked {
+		d.downSince = time.Now()
+	}
+	delay := d.backoff.next(time.Now(), end)
 	d.s.stats.reconnects.Add(1)
-	d.log.Info("etcdwatch: watch stream ended; reconnecting", "err", err, "after", delay, "watches", len(d.watches))
+	d.logStreamEnd(err, end, delay)
 	d.requeueAll()
 	d.retry.reset(delay)
 }
@@ -140,27 +146,136 @@ func (d *dispatcher) sendProbe() {
 	d.flushCreates()
 }
 
-// backoff yields reconnection delays: the first retry at once, then
-// exponential from min to max with jitter; it starts over after a stream
-// has been healthy for healthyPeriod.
-type backoff struct {
-	min, max time.Duration
-	attempt  int
+// streamWorks notes the first response on a stream, and if it replaces
+// streams that failed, says so once, with how long the watches were down.
+func (d *dispatcher) streamWorks() {
+	d.sessHeard = true
+	d.hurry.stop()
+	if d.downSince.IsZero() {
+		return
+	}
+	d.log.Info("etcdwatch: watch stream back", "down", time.Since(d.downSince), "watches", d.s.stats.watches.Load())
+	d.downSince = time.Time{}
 }
 
-func (b *backoff) next(upFor time.Duration) time.Duration {
-	if upFor >= healthyPeriod {
-		b.attempt = 0
+// logStreamEnd reports a stream that ended and will be replaced: at Info
+// for the first failure after a stream that worked, at Debug for the
+// streams that then fail in a row (a member without a leader refuses one
+// every noLeaderRetry).
+func (d *dispatcher) logStreamEnd(err error, end streamEnd, delay time.Duration) {
+	level := slog.LevelDebug
+	if end.worked {
+		level = slog.LevelInfo
 	}
-	b.attempt++
-	if b.attempt == 1 {
-		return 0
+	d.log.Log(context.Background(), level, "etcdwatch: watch stream ended; reconnecting",
+		"err", err, "after", delay, "watches", d.s.stats.watches.Load())
+}
+
+// The reconnection policy. A new stream follows one that worked at once;
+// the backoff only spaces out streams that fail before doing anything, and
+// waiting for the connection itself is left to gRPC (see connHurry).
+const (
+	// healthyPeriod is how long a stream must stay up to count as having
+	// worked even if the server never said anything on it (a Stream with
+	// nothing to watch).
+	healthyPeriod = 10 * time.Second
+	// noLeaderRetry spaces out streams refused because their member has no
+	// leader (WithRequireLeader): such a refusal costs the server nothing,
+	// and the stream should be back as soon as a leader is.
+	noLeaderRetry = 50 * time.Millisecond
+)
+
+// streamEnd is what the reconnection policy knows of a stream that ended.
+type streamEnd struct {
+	worked   bool // the server said something on it, or it stayed up for healthyPeriod
+	noLeader bool // it was refused or ended because its member had no leader
+}
+
+// backoff yields the delay before the next stream, given how the last one
+// ended:
+//   - after a stream that worked, none, except that immediate retries are
+//     spaced at least min apart, so that a stream that fails each time just
+//     after it starts working cannot make the Stream spin;
+//   - after a stream refused for want of a leader, noLeaderRetry, jittered;
+//   - after one that failed before doing anything, about min, doubling with
+//     each such stream in a row up to max, with jitter.
+//
+// Owned by the dispatcher; now is injected for tests.
+type backoff struct {
+	min, max  time.Duration
+	failures  int       // streams in a row that failed before doing anything
+	immediate time.Time // when the last retry without backoff was due
+}
+
+func (b *backoff) next(now time.Time, end streamEnd) time.Duration {
+	switch {
+	case end.worked:
+		b.failures = 0
+		d := max(b.immediate.Add(b.min).Sub(now), 0)
+		b.immediate = now.Add(d)
+		return d
+	case end.noLeader:
+		return jitter(noLeaderRetry)
 	}
+	b.failures++
 	d := b.max
-	if shift := b.attempt - 2; shift < 30 && b.min<<shift < b.max {
+	if shift := b.failures - 1; shift < 30 && b.min<<shift < b.max {
 		d = b.min << shift
 	}
-	return d/2 + rand.N(d/2+1) // half to all of d
+	return jitter(d)
+}
+
+// jitter returns a random duration from half of d to all of d.
+func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
+
+// connHurry keeps a connection that the stream is waiting for from sitting
+// out gRPC's reconnect backoff: its default waits 1s, then 1.6 times longer
+// each time up to 2 minutes, so a member back after a 3s outage would be
+// reached 2s late. While a stream has heard nothing yet and its connection
+// is in TRANSIENT_FAILURE, the connection's backoff is reset every interval,
+// so that it tries again at once. A connection with other ready addresses
+// (Dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
+// left alone. Owned by the dispatcher.
+type connHurry struct {
+	conn     resettableConn // nil: the connection cannot be hurried, or WithConnectRetry(0)
+	interval time.Duration
+	timer
+}
+
+func newConnHurry(conn any, interval time.Duration) connHurry {
+	c, ok := conn.(resettableConn)
+	if !ok || interval == 0 {
+		return connHurry{}
+	}
+	return connHurry{conn: c, interval: interval}
+}
+
+// resettableConn is the part of *grpc.ClientConn that connHurry uses.
+type resettableConn interface {
+	GetState() connectivity.State
+	ResetConnectBackoff()
+}
+
+// arm starts watching the connection for a new stream.
+func (h *connHurry) arm() {
+	if h.conn != nil {
+		h.timer.reset(h.interval)
+	}
+}
+
+// handleHurryTick resets the connection's backoff if the stream still waits
+// for it, and keeps watching until the stream has heard from the server.
+func (d *dispatcher) handleHurryTick() {
+	h := &d.hurry
+	if d.sess == nil || d.sessHeard {
+		h.stop()
+		return
+	}
+	if h.conn.GetState() == connectivity.TransientFailure {
+		d.log.Debug("etcdwatch: connection in transient failure; reconnecting now")
+		h.conn.ResetConnectBackoff()
+	}
+	h.timer.reset(h.interval)
 }
 
 // liveness tracks whether the stream has said anything lately.

@@ -18,6 +18,7 @@ import (
 type Stream struct {
 	conn    grpc.ClientConnInterface
 	opts    options
+	limit   bufferLimit   // of every watch, from opts
 	cmds    chan any      // typed commands to the dispatcher
 	closing chan struct{} // closed by Close
 	done    chan struct{} // closed when the dispatcher has exited, after Close
@@ -51,6 +52,7 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 	s := &Stream{
 		conn:    conn,
 		opts:    o,
+		limit:   bufferLimit{events: o.bufferLimit, bytes: o.bufferBytes},
 		cmds:    make(chan any, 64),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),

@@ -63,7 +63,7 @@ type Watch struct {
 // watch's mu.
 type backlog struct {
 	queue  ring.Ring[Response]
-	queued int           // events queued or held by the pump, a bookmark counting as one
+	queued load          // what is queued or held by the pump, against the buffer limit
 	stop   chan struct{} // closed, once, to make the running pump give up for good
 }
 
@@ -169,14 +169,11 @@ func joinable(q, r Response) bool {
 	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= joinMax
 }
 
-// size is how much of the buffer limit a response takes.
-func size(r Response) int { return max(len(r.Events), 1) }
-
 // push hands r to the consumer without ever blocking: straight to a waiting
 // reader when nothing is queued, otherwise into the queue served by the pump.
-// It reports whether the queue has reached limit, in which case the watch is
-// marked paused and the caller must pause it.
-func (w *Watch) push(r Response, limit int) (full bool) {
+// It reports whether the queue has reached the buffer limit, in which case
+// the watch is marked paused and the caller must stall for it or pause it.
+func (w *Watch) push(r Response) (full bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
@@ -205,13 +202,13 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 	default:
 		b.queue.Push(r)
 	}
-	b.queued += size(r)
+	b.queued.add(weigh(r))
 	if !w.pumping {
 		w.pumping = true
 		w.stream.pumps.Add(1)
 		go w.pump(b.stop) // exits when the queue is empty or stop closes; Close waits on stream.pumps
 	}
-	if b.queued >= limit && !w.paused {
+	if w.stream.limit.full(b.queued) && !w.paused {
 		w.paused = true
 		return true
 	}
@@ -224,15 +221,16 @@ func (w *Watch) push(r Response, limit int) (full bool) {
 // limit it asks the dispatcher to resume the watch.
 func (w *Watch) pump(stop chan struct{}) {
 	defer w.stream.pumps.Done()
-	r, ok, _ := w.next(0)
+	r, ok, _ := w.next(load{})
 	for ok {
+		took := weigh(r) // before the consumer, who owns r, can change it
 		if !w.offer(r, stop) {
 			w.giveUp()
 			return
 		}
 		w.delivered.Store(r.Revision)
 		var resume bool
-		r, ok, resume = w.next(size(r))
+		r, ok, resume = w.next(took)
 		if resume {
 			w.stream.command(resumeCmd{w})
 		}
@@ -258,19 +256,19 @@ func (w *Watch) offer(r Response, stop chan struct{}) bool {
 	}
 }
 
-// next accounts for what the consumer has just taken (took, as counted by
-// size; 0 for nothing) and returns the head of the queue for the pump, which
+// next accounts for what the consumer has just taken (took, as weighed;
+// nothing at first) and returns the head of the queue for the pump, which
 // stays counted against the limit until the consumer takes it. resume
 // reports that a paused watch's backlog has fallen to half the limit, so
 // that the watch should resume. When the queue is empty it ends the pump's
 // run, releasing the buffer and closing the channel if the watch has ended,
 // and reports !ok.
-func (w *Watch) next(took int) (r Response, ok, resume bool) {
+func (w *Watch) next(took load) (r Response, ok, resume bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	b := w.backlog // made before the pump started
-	b.queued -= took
-	if w.paused && b.queued <= w.stream.opts.bufferLimit/2 {
+	b.queued.sub(took)
+	if w.paused && w.stream.limit.caughtUp(b.queued) {
 		w.paused = false
 		resume = true
 	}
@@ -293,7 +291,7 @@ func (w *Watch) giveUp() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.backlog.queue.Reset()
-	w.backlog.queued = 0
+	w.backlog.queued = load{}
 	w.pumping = false
 	if w.ended {
 		w.closeOut()
@@ -314,7 +312,7 @@ func (w *Watch) end(err error, drop bool) bool {
 	if b := w.backlog; drop && !w.dropped && b != nil {
 		w.dropped = true
 		b.queue.Reset()
-		b.queued = 0
+		b.queued = load{}
 		if w.pumping {
 			close(b.stop)
 		}
