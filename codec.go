@@ -25,6 +25,7 @@ type wireResponse struct {
 	CancelReason    string
 	Fragment        bool
 	Events          []Event
+	size            int // of the message, for the session's read-ahead bound
 }
 
 // Field numbers of the messages in etcd's rpc.proto and kv.proto.
@@ -70,7 +71,7 @@ type decoder struct {
 // as protobuf does: unknown ones are skipped, a repeated singular field
 // merges into the earlier one, and the last value of a scalar wins.
 func (r *wireResponse) decode(b []byte) error {
-	*r = wireResponse{}
+	*r = wireResponse{size: len(b)}
 	n, size, err := countEvents(b)
 	if err != nil {
 		return err
@@ -405,7 +406,18 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return fmt.Errorf("etcdwatch: codec cannot decode into %T", v)
 	}
+	if len(data) > 1 && data.Len() > pooledMax {
+		// Decoded once and dropped: a pooled buffer this large would stay
+		// in gRPC's pool, for messages this large are rare.
+		return r.decode(data.Materialize())
+	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	return r.decode(buf.ReadOnlyData())
 }
+
+// pooledMax is the largest message whose pieces are joined in a buffer from
+// gRPC's pool. etcd sends up to 1,000 revisions in one message while a watch
+// catches up, tens of MiB; a buffer of that size returned to the pool would
+// be kept, unused, until the garbage collector empties the pool.
+const pooledMax = 1 << 20
