@@ -11,11 +11,12 @@ import (
 )
 
 // wireResponse is an etcdserverpb.WatchResponse decoded straight into this
-// package's types: its events are the ones handed to consumers, and its keys
-// and values share one copy of the message's bytes. Generic protobuf
-// decoding costs four allocations per event and a reflective walk of each;
-// this costs two allocations per response (three with PrevKV) and none for
-// one without events.
+// package's types: its events are the ones handed to consumers, and each
+// event's key, value and previous key and value share one copy of that
+// event's bytes, so that keeping one key keeps no other event alive.
+// Generic protobuf decoding costs four allocations per event and a
+// reflective walk of each; this costs one per response and one per event
+// (two with PrevKV), and none for a response without events.
 type wireResponse struct {
 	Header          Header
 	WatchID         int64
@@ -58,13 +59,10 @@ const (
 
 var errMalformed = errors.New("etcdwatch: malformed WatchResponse")
 
-// decoder holds what one response's events share. Keys and values are
-// copied into arena, since gRPC reuses the message's buffer once Unmarshal
-// returns.
+// decoder copies the keys and values of one event into arena, since gRPC
+// reuses the message's buffer once Unmarshal returns.
 type decoder struct {
-	arena []byte     // sized up front for every byte field of the events
-	prevs []KeyValue // PrevKV targets, made on the first one
-	max   int        // room for prevs: the number of events
+	arena []byte // made for each event, sized for all its byte fields
 }
 
 // decode parses b, a serialized WatchResponse, into r. Fields are handled
@@ -72,14 +70,13 @@ type decoder struct {
 // merges into the earlier one, and the last value of a scalar wins.
 func (r *wireResponse) decode(b []byte) error {
 	*r = wireResponse{size: len(b)}
-	n, size, err := countEvents(b)
+	n, err := countEvents(b)
 	if err != nil {
 		return err
 	}
-	d := decoder{max: n}
+	var d decoder
 	if n > 0 {
 		r.Events = make([]Event, 0, n)
-		d.arena = make([]byte, 0, size)
 	}
 	for f := range fields(b) { // countEvents has checked every field
 		switch {
@@ -113,19 +110,17 @@ func (r *wireResponse) decode(b []byte) error {
 	return nil
 }
 
-// countEvents returns how many events b holds and their total size, an upper
-// bound for the bytes of their keys and values, and checks b's fields.
-func countEvents(b []byte) (n, size int, err error) {
+// countEvents returns how many events b holds, and checks b's fields.
+func countEvents(b []byte) (n int, err error) {
 	for f, err := range fields(b) {
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		if f.num == fieldRespEvents && f.typ == protowire.BytesType {
 			n++
-			size += len(f.s)
 		}
 	}
-	return n, size, nil
+	return n, nil
 }
 
 func (h *Header) decode(b []byte) error {
@@ -150,8 +145,10 @@ func (h *Header) decode(b []byte) error {
 	return nil
 }
 
-// event decodes an mvccpb.Event into e.
+// event decodes an mvccpb.Event into e. Its byte fields go to an arena of
+// its own, as large as the event's encoding: room for all of them.
 func (d *decoder) event(e *Event, b []byte) error {
+	d.arena = make([]byte, 0, len(b))
 	for f, err := range fields(b) {
 		if err != nil {
 			return err
@@ -163,11 +160,7 @@ func (d *decoder) event(e *Event, b []byte) error {
 			err = d.keyValue(&e.KeyValue, f.s)
 		case f.num == fieldEventPrevKV && f.typ == protowire.BytesType:
 			if e.PrevKV == nil {
-				if d.prevs == nil {
-					d.prevs = make([]KeyValue, 0, d.max)
-				}
-				d.prevs = append(d.prevs, KeyValue{}) // never beyond max: one per event
-				e.PrevKV = &d.prevs[len(d.prevs)-1]
+				e.PrevKV = new(KeyValue) // its own, so that keeping it keeps no other event
 			}
 			err = d.keyValue(e.PrevKV, f.s)
 		}
@@ -210,7 +203,7 @@ func (d *decoder) copy(s []byte) []byte {
 		return nil
 	}
 	start := len(d.arena)
-	d.arena = append(d.arena, s...) // the arena was sized for every byte field: no reallocation
+	d.arena = append(d.arena, s...) // the arena was sized for every byte field of the event: no reallocation
 	return d.arena[start:len(d.arena):len(d.arena)]
 }
 

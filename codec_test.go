@@ -211,16 +211,17 @@ func TestDecodeMalformed(t *testing.T) {
 	}
 }
 
-// TestDecodeAllocations: two allocations per response with events (the
-// events and their bytes), one more with PrevKV, none without events.
+// TestDecodeAllocations: one allocation per response with events (the
+// events), one per event with bytes (its key and values), one more per
+// PrevKV, none without events.
 func TestDecodeAllocations(t *testing.T) {
 	for _, tc := range []struct {
 		m    *pb.WatchResponse
 		want float64
 	}{
 		{decodeCases[1], 0},
-		{&pb.WatchResponse{WatchId: 3, Events: []*mvccpb.Event{{Kv: kv("a", "1", 9)}, {Kv: kv("b", "2", 9)}}}, 2},
-		{decodeCases[len(decodeCases)-1], 3},
+		{&pb.WatchResponse{WatchId: 3, Events: []*mvccpb.Event{{Kv: kv("a", "1", 9)}, {Kv: kv("b", "2", 9)}}}, 3},
+		{decodeCases[len(decodeCases)-1], 6}, // 4 events, one empty, two with PrevKV
 	} {
 		b, err := proto.Marshal(tc.m)
 		if err != nil {

@@ -63,10 +63,10 @@ type Header struct {
 // Response, so that it catches up in fewer handovers. Bookmarks are never
 // joined with events.
 //
-// A Response belongs to its consumer, who may keep and modify it. The keys
-// and values of events from one message share one buffer, the size of that
-// message (appending to one never changes another): keeping a single key
-// keeps that buffer alive, so copy what you keep for long.
+// A Response belongs to its consumer, who may keep and modify it. The key,
+// value and previous key and value of one event share one buffer of that
+// event's own (appending to one never changes another): keeping a key keeps
+// that event's bytes alive, and nothing of the other events.
 type Response struct {
 	// Header is that of the last message whose events the Response carries.
 	Header Header
