@@ -2,15 +2,20 @@ package etcdwatch_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -226,4 +231,79 @@ func (l *logRecorder) count(s string) int {
 		}
 	}
 	return n
+}
+
+// TestSeriesOfCutsReconnectsAtOnce: a stream that worked is replaced at
+// once, however many were cut before it: with a backoff that would wait
+// 100ms doubling up to an hour for streams that fail, ten cuts in a row of
+// working streams each get a new stream within the wait.
+func TestSeriesOfCutsReconnectsAtOnce(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithReconnectBackoff(100*time.Millisecond, time.Hour))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	for rev := int64(3); rev < 13; rev++ {
+		h.cut()
+		c := h.srv.RecvCreate(t)
+		require.Equal(t, rev, c.StartRevision)
+		h.srv.Send(t, ws.Created(c.WatchId, rev-1))
+		h.srv.Send(t, ws.Events(c.WatchId, rev, ws.Put("a", "v", rev)))
+		require.Equal(t, rev, next(t, w).Revision)
+	}
+	require.Equal(t, uint64(10), h.s.Stats().Reconnects)
+}
+
+// TestNoLeaderRefusalsArePolled: a member without a leader refuses every
+// stream that requires one, before anything is said on it. Such refusals
+// are retried every few tens of milliseconds rather than backed off, so
+// the watch is back as soon as a leader is.
+func TestNoLeaderRefusalsArePolled(t *testing.T) {
+	noLeader := status.Error(codes.Unavailable, "etcdserver: no leader")
+	h := newHarness(t, etcdwatch.WithRequireLeader(), etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Close(noLeader) // the stream worked: replaced at once
+	for range 5 {
+		h.srv = h.server.Accept(t)
+		h.srv.Close(noLeader) // refused before anything: polled, not backed off for an hour
+	}
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(1), c.StartRevision, "from its created header: it saw nothing")
+	h.srv.Send(t, ws.Created(c.WatchId, 2))
+	h.srv.Send(t, ws.Events(c.WatchId, 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	require.Equal(t, uint64(6), h.s.Stats().Reconnects)
+}
+
+// TestConnectionBackoffIsCutShort: a stream waiting for a connection in
+// TRANSIENT_FAILURE resets the connection's backoff, so that gRPC's own
+// (1s, then 1.6 times longer each time) does not keep the watches away
+// from a member that is back: five refused connection attempts take gRPC
+// over 10s alone, and well within the wait with the Stream hurrying them.
+func TestConnectionBackoffIsCutShort(t *testing.T) {
+	server := ws.Start(t)
+	var attempts atomic.Int64
+	conn, err := grpc.NewClient("passthrough:///flaky",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			if attempts.Add(1) <= 5 {
+				return nil, errors.New("connection refused (scripted)")
+			}
+			return server.Connect(ctx)
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := etcdwatch.Open(conn, etcdwatch.WithConnectRetry(10*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	res := make(chan watchResult, 1)
+	go func() { // ends when the watch is confirmed or the Stream closes
+		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
+		res <- watchResult{w, err}
+	}()
+	srv := server.Accept(t)
+	c := srv.RecvCreate(t)
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NoError(t, recvResult(t, res).err)
+	require.Greater(t, attempts.Load(), int64(5))
 }

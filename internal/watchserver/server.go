@@ -62,6 +62,9 @@ func (s *Server) Dial(t testing.TB) *grpc.ClientConn {
 	return conn
 }
 
+// Connect opens a connection to the server, for a client's own dialer.
+func (s *Server) Connect(ctx context.Context) (net.Conn, error) { return s.lis.DialContext(ctx) }
+
 // Accept returns the next Watch stream a client opened.
 func (s *Server) Accept(t testing.TB) *Stream {
 	t.Helper()
