@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -75,6 +76,13 @@ type clientv3Client struct {
 	// endpoints, when set, make it a clientv3.New client of its own, as an
 	// application would have; otherwise its Watcher runs on the shared conn.
 	endpoints []string
+	// requireLeader opens the watches under clientv3.WithRequireLeader.
+	requireLeader bool
+	// rewatch, when set, makes the application watch again, from the
+	// revision after the last event it got, each time a watch's channel
+	// closes (clientv3 closes it after a canceled response, for instance
+	// ErrNoLeader), waiting rewatch before each attempt.
+	rewatch time.Duration
 }
 
 func (clientv3Client) name() string { return "clientv3" }
@@ -94,16 +102,25 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 		w = clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), clientv3.NewCtxClient(context.Background()))
 		closeFn = func() { w.Close() }
 	}
+	// One context, so one stream: clientv3 shares a stream among watches
+	// whose contexts carry the same metadata.
 	wctx, cancel := context.WithCancel(context.Background())
-	chans := make([]clientv3.WatchChan, len(specs))
-	for i, s := range specs {
-		opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	if c.requireLeader {
+		wctx = clientv3.WithRequireLeader(wctx)
+	}
+	open := func(s spec, rev int64) clientv3.WatchChan {
+		opts := []clientv3.OpOption{clientv3.WithCreatedNotify(), clientv3.WithRev(rev)}
 		if s.prefix {
 			opts = append(opts, clientv3.WithPrefix())
 		}
-		chans[i] = w.Watch(wctx, s.key, opts...)
+		return w.Watch(wctx, s.key, opts...)
 	}
-	for i, ch := range chans { // the created notification comes first
+	chans := make([]clientv3.WatchChan, len(specs))
+	for i, s := range specs {
+		chans[i] = open(s, 0)
+	}
+	next := make([]int64, len(specs)) // per watch: where a re-watch starts
+	for i, ch := range chans {        // the created notification comes first
 		select {
 		case r, ok := <-ch:
 			if !ok || !r.Created {
@@ -111,23 +128,37 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 				closeFn()
 				return nil, fmt.Errorf("clientv3 watch %d not created: %v", i, r.Err())
 			}
+			// etcd reads this header after registering the watch, so a
+			// write racing the create may sit exactly there.
+			next[i] = r.Header.Revision
 		case <-ctx.Done():
 			cancel()
 			closeFn()
 			return nil, ctx.Err()
 		}
 	}
-	var wg sync.WaitGroup
+	var (
+		wg        sync.WaitGroup
+		rewatches atomic.Int64
+	)
 	for i, ch := range chans {
 		if out == nil {
 			break
 		}
 		wg.Go(func() {
-			for r := range ch {
-				if n := len(r.Events); n > 0 {
-					e := r.Events[n-1]
-					out(i, n, e.Kv.ModRevision, e.Kv.Value)
+			for {
+				for r := range ch {
+					if n := len(r.Events); n > 0 {
+						e := r.Events[n-1]
+						next[i] = e.Kv.ModRevision + 1
+						out(i, n, e.Kv.ModRevision, e.Kv.Value)
+					}
 				}
+				if c.rewatch == 0 || !sleepCtx(wctx, c.rewatch) {
+					return
+				}
+				rewatches.Add(1)
+				ch = open(specs[i], next[i])
 			}
 		})
 	}
@@ -143,7 +174,22 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 		closeFn() // before cancel: clientv3 can hang closing watches whose shared context ended
 		cancel()
 		wg.Wait()
+		if *verbose && c.rewatch > 0 {
+			fmt.Printf("# clientv3: %d re-watches\n", rewatches.Load())
+		}
 	}, nil
+}
+
+// sleepCtx waits d and reports true, or false if ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // openAll opens a watch for each spec: by one WatchAll, or with -callers

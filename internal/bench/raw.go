@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // rawClient is the practical limit: a minimal client written straight on
@@ -14,13 +16,31 @@ import (
 // chooses, routes responses by id in one plain loop, and on a broken stream
 // opens another and re-creates every watch from its next revision. It
 // handles nothing else (no refusals, fragments, slow consumers or cancels).
-type rawClient struct{}
+// Its zero value calls the sink from that loop and opens the next stream at
+// once; the fields are for workloads that need an application around it.
+type rawClient struct {
+	// queued hands each watch's responses to a goroutine of its own through
+	// an unbounded queue, as clientv3 does, so that one sink that blocks
+	// holds up only its own watch (and the queue grows meanwhile).
+	queued bool
+	// requireLeader sends etcd's "hasleader" metadata: the member refuses,
+	// and ends, the stream while it has no leader.
+	requireLeader bool
+	// retry is the wait before the next stream after one that failed.
+	retry time.Duration
+}
 
 func (rawClient) name() string { return "raw" }
 
-func (rawClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
-	r := &rawRun{client: pb.NewWatchClient(conn), specs: specs, out: out, next: make([]int64, len(specs)), created: make(chan error, 1)}
+func (c rawClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
+	r := &rawRun{client: pb.NewWatchClient(conn), specs: specs, out: out, next: make([]int64, len(specs)), created: make(chan error, 1), retry: c.retry}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	if c.requireLeader {
+		r.ctx = metadata.AppendToOutgoingContext(r.ctx, "hasleader", "true")
+	}
+	if c.queued && out != nil {
+		r.startQueues()
+	}
 	r.wg.Go(r.loop)
 	select {
 	case err := <-r.created:
@@ -39,22 +59,35 @@ type rawRun struct {
 	client    pb.WatchClient
 	specs     []spec
 	out       sink
-	next      []int64    // per watch: the revision to resume from; 0 for "now"
-	created   chan error // the first stream's outcome
-	confirmed bool       // every watch was confirmed once; later failures are retried
+	next      []int64       // per watch: the revision to resume from; 0 for "now"
+	created   chan error    // the first stream's outcome
+	confirmed bool          // every watch was confirmed once; later failures are retried
+	retry     time.Duration // wait before the next stream after a failed one
+	queue     []*rawQueue   // per watch, when queued
+	streams   int           // opened, for -v
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
 
-func (r *rawRun) stop() { r.cancel(); r.wg.Wait() }
+func (r *rawRun) stop() {
+	r.cancel()
+	r.wg.Wait()
+	if *verbose {
+		fmt.Printf("# raw: %d streams\n", r.streams)
+	}
+}
 
 // loop runs streams until stopped, re-creating every watch on each.
 func (r *rawRun) loop() {
 	for r.ctx.Err() == nil {
-		if err := r.stream(); !r.confirmed && err != nil {
+		err := r.stream()
+		if !r.confirmed && err != nil {
 			r.created <- err
 			return
+		}
+		if err != nil && r.retry > 0 {
+			sleepCtx(r.ctx, r.retry)
 		}
 	}
 }
@@ -62,6 +95,7 @@ func (r *rawRun) loop() {
 func (r *rawRun) stream() error {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
+	r.streams++
 	ws, err := r.client.Watch(ctx)
 	if err != nil {
 		return err
@@ -105,11 +139,69 @@ func (r *rawRun) stream() error {
 			i := resp.WatchId - 1
 			last := resp.Events[n-1].Kv
 			r.next[i] = last.ModRevision + 1
-			if r.out != nil {
+			switch {
+			case r.queue != nil:
+				r.queue[i].push(resp)
+			case r.out != nil:
 				r.out(int(i), n, last.ModRevision, last.Value)
 			}
 		}
 	}
+}
+
+// startQueues gives every watch an unbounded queue of whole responses and
+// a goroutine that hands them to out in turn. The goroutines exit when the
+// run stops.
+func (r *rawRun) startQueues() {
+	r.queue = make([]*rawQueue, len(r.specs))
+	for i := range r.queue {
+		q := &rawQueue{}
+		q.cond = sync.NewCond(&q.mu)
+		r.queue[i] = q
+		r.wg.Go(func() {
+			for resp := q.pop(r.ctx); resp != nil; resp = q.pop(r.ctx) {
+				last := resp.Events[len(resp.Events)-1].Kv
+				r.out(i, len(resp.Events), last.ModRevision, last.Value)
+			}
+		})
+	}
+	context.AfterFunc(r.ctx, func() {
+		for _, q := range r.queue {
+			q.mu.Lock()
+			q.cond.Broadcast()
+			q.mu.Unlock()
+		}
+	})
+}
+
+// rawQueue is one watch's unbounded queue of responses.
+type rawQueue struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	items []*pb.WatchResponse
+}
+
+func (q *rawQueue) push(resp *pb.WatchResponse) {
+	q.mu.Lock()
+	q.items = append(q.items, resp)
+	q.cond.Signal()
+	q.mu.Unlock()
+}
+
+// pop waits for the next response; nil once ctx has ended.
+func (q *rawQueue) pop(ctx context.Context) *pb.WatchResponse {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.items) == 0 && ctx.Err() == nil {
+		q.cond.Wait()
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	resp := q.items[0]
+	q.items[0] = nil
+	q.items = q.items[1:]
+	return resp
 }
 
 func prefixEnd(p string) []byte {
