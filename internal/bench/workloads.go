@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -83,7 +81,7 @@ func runResume(c contender, rep int) (result, error) {
 		return nil, err
 	}
 	defer proxy.Close()
-	conn, kv, closeAll, err := connAndWriter(proxy.Addr())
+	conn, kv, closeAll, err := connAndWriter(proxy.Addr(), etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -141,13 +139,14 @@ func cpuTime() time.Duration {
 }
 
 // connAndWriter returns a watch connection to addr and an official client
-// writing straight to the member, and a function that closes both.
-func connAndWriter(addr string) (*grpc.ClientConn, *clientv3.Client, func(), error) {
+// writing to writeAddr (straight to the member, not through a proxy), and
+// a function that closes both.
+func connAndWriter(addr, writeAddr string) (*grpc.ClientConn, *clientv3.Client, func(), error) {
 	conn, err := dial(addr)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
+	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{writeAddr}})
 	if err != nil {
 		conn.Close()
 		return nil, nil, nil, err
@@ -167,7 +166,7 @@ func repeat(n int, sp spec) []spec {
 // runFanout puts to one key watched N times and measures delivery rate and
 // put-to-delivery latency.
 func runFanout(c contender, rep int) (result, error) {
-	conn, kv, closeAll, err := connAndWriter(etcdEndpoint)
+	conn, kv, closeAll, err := connAndWriter(etcdEndpoint, etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -273,15 +272,7 @@ func clientOnly(c contender, events, per int) (rate, allocs float64, err error) 
 // process of its own so that nothing else in this one counts: heap and
 // stack in use after GC, and goroutines, against the scripted server.
 func runMemory(c contender, _ int) (result, error) {
-	out, err := exec.Command(os.Args[0], "-memory-child", c.name(), "-memory", strconv.Itoa(*memoryN)).Output()
-	if err != nil {
-		return nil, fmt.Errorf("memory child: %w", err)
-	}
-	var bytes, goroutines float64
-	if _, err := fmt.Sscanf(string(out), "%g %g", &bytes, &goroutines); err != nil {
-		return nil, fmt.Errorf("memory child said %q: %w", out, err)
-	}
-	return result{"bytes_per_watch": bytes, "goroutines_per_watch": goroutines}, nil
+	return runChild("-memory-child", c.name(), "-memory", strconv.Itoa(*memoryN))
 }
 
 // memoryChild is the child's side of runMemory. It prints bytes and
@@ -315,5 +306,5 @@ func memoryChild(c contender) {
 	// Per-stream costs (the gRPC stream, the client's own goroutines) are
 	// spread over the watches; at 10,000 watches they weigh little.
 	n := float64(len(specs))
-	fmt.Printf("%g %g\n", float64(int64(bytes1)-int64(bytes0))/n, float64(g1-g0)/n)
+	printResult(result{"bytes_per_watch": float64(int64(bytes1)-int64(bytes0)) / n, "goroutines_per_watch": float64(g1-g0) / n})
 }
