@@ -91,7 +91,7 @@ func (d *dispatcher) run() {
 		)
 		if d.sess != nil {
 			dead = d.sess.dead
-			if d.stall.w == nil && !d.discard {
+			if d.reading() {
 				recv = d.sess.recv
 			}
 			if len(d.outbox) > 0 {
@@ -127,6 +127,10 @@ func (d *dispatcher) run() {
 	}
 }
 
+// reading reports whether the loop reads responses: not while it waits for
+// a consumer (a stall), nor from a stream whose answers cannot be matched.
+func (d *dispatcher) reading() bool { return d.stall.w == nil && !d.discard }
+
 // drainBatch bounds how many waiting responses the loop takes in a row
 // before it looks at commands and timers again.
 const drainBatch = 64
@@ -137,7 +141,7 @@ const drainBatch = 64
 // whose answers cannot be matched.
 func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 	for range drainBatch {
-		if d.stall.w != nil || d.discard {
+		if !d.reading() {
 			return
 		}
 		select {

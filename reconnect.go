@@ -39,7 +39,7 @@ func (d *dispatcher) connect() {
 // with every live watch re-created from its next revision.
 func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
-	for len(d.sess.recv) > 0 && d.stall.w == nil && !d.discard { // what arrived before the end still counts
+	for len(d.sess.recv) > 0 && d.reading() { // what arrived before the end still counts
 		resp := <-d.sess.recv
 		d.handleResponse(&resp)
 	}
