@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+)
+
+var (
+	cutsN        = flag.Int("cuts", 10, "cuts: connection cuts in a series")
+	cutsEvery    = flag.Duration("cuts-every", 400*time.Millisecond, "cuts: time between cuts")
+	cutsDelay    = flag.Duration("cuts-delay", 2*time.Millisecond, "cuts: delay the proxy adds each way")
+	cutsWatches  = flag.Int("cuts-watches", 1, "cuts: watches on the written prefix")
+	cutsPutEvery = flag.Duration("cuts-put-every", time.Millisecond, "cuts: the writer's interval between puts")
+)
+
+// runCuts cuts the watch connection -cuts times, -cuts-every apart, while a
+// writer puts to the watched prefix every -cuts-put-every (straight to etcd,
+// not through the proxy). The watches go through a fault proxy that adds
+// -cuts-delay each way; a cut closes both sides of every connection.
+//
+// A cut's resume is the time from the cut to when every watch has got the
+// first event committed after it. "Committed after the cut" is judged from
+// the writer's side, which writes one put at a time: R is the revision of
+// the last put that was sent before the cut (whether it was acknowledged
+// before or after), and the first new event is revision R+1, which could
+// only be committed after the cut. When resumes take longer than
+// -cuts-every, a cut's resume ends after the next cut; each is still
+// timed from its own cut.
+func runCuts(c contender, rep int) (result, error) {
+	proxy, err := faults.NewProxy(etcdEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer proxy.Close()
+	proxy.SetDelay(*cutsDelay)
+	conn, kv, closeAll, err := connAndWriter(proxy.Addr(), etcdEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer closeAll()
+	prefix := fmt.Sprintf("bench/cuts/%s/%d/", c.name(), rep)
+	ctx, cancel := timeout()
+	defer cancel()
+	series := *cutsEvery * time.Duration(*cutsN)
+	log := newDeliveryLog(*cutsWatches, int(series / *cutsPutEvery)+100)
+	stop, err := withEndpoint(c, proxy.Addr()).watch(ctx, conn, repeat(*cutsWatches, spec{key: prefix, prefix: true}), log.sink)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	w := startWriter(ctx, kv, prefix, *cutsPutEvery)
+	defer w.stop()
+	flowing, err := w.lastSentBefore(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := log.wait(flowing, time.Minute); err != nil {
+		return nil, fmt.Errorf("before the cuts: %w", err)
+	}
+	cuts := make([]time.Time, *cutsN)
+	start := time.Now()
+	for i := range cuts {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * *cutsEvery)))
+		cuts[i] = time.Now()
+		proxy.Cut()
+	}
+	resumes := make([]float64, len(cuts))
+	for i, at := range cuts {
+		r, err := w.lastSentBefore(at)
+		if err != nil {
+			return nil, err
+		}
+		got, err := log.wait(r+1, time.Minute)
+		if err != nil {
+			return nil, fmt.Errorf("after cut %d: %w", i, err)
+		}
+		resumes[i] = ms(got.Sub(at))
+	}
+	if err := w.stop(); err != nil {
+		return nil, err
+	}
+	slices.Sort(resumes)
+	return result{"p50_ms": quantile(resumes, 0.5), "max_ms": resumes[len(resumes)-1]}, nil
+}
+
+// writer puts to a prefix at an interval, one put at a time, and records
+// when it sent each put and the revision etcd gave it.
+type writer struct {
+	mu     sync.Mutex
+	sent   []time.Time // of the acknowledged puts, in order
+	revs   []int64
+	err    error
+	done   chan struct{} // closed by stop
+	exited chan struct{} // closed when the goroutine returns
+	once   sync.Once
+}
+
+// startWriter starts the writer's goroutine, which returns when stop is
+// called or a put fails.
+func startWriter(ctx context.Context, kv *clientv3.Client, prefix string, every time.Duration) *writer {
+	w := &writer{done: make(chan struct{}), exited: make(chan struct{})}
+	go func() {
+		defer close(w.exited)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for i := 0; ; i++ {
+			sent := time.Now()
+			resp, err := kv.Put(ctx, fmt.Sprintf("%sk%d", prefix, i%100), "v")
+			w.mu.Lock()
+			if w.err = err; err == nil {
+				w.sent, w.revs = append(w.sent, sent), append(w.revs, resp.Header.Revision)
+			}
+			w.mu.Unlock()
+			if err != nil {
+				return
+			}
+			select {
+			case <-w.done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+// lastSentBefore returns the revision of the last put sent before t (0 if
+// none was). It waits until a put sent after t is acknowledged: puts go
+// one at a time, so every put sent before t has been acknowledged by then.
+func (w *writer) lastSentBefore(t time.Time) (int64, error) {
+	for {
+		w.mu.Lock()
+		if err := w.err; err != nil {
+			w.mu.Unlock()
+			return 0, err
+		}
+		if n := len(w.sent); n > 0 && w.sent[n-1].After(t) {
+			k, _ := slices.BinarySearchFunc(w.sent, t, time.Time.Compare)
+			var rev int64
+			if k > 0 {
+				rev = w.revs[k-1]
+			}
+			w.mu.Unlock()
+			return rev, nil
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.exited:
+			return 0, errors.New("writer stopped")
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// stop ends the writer and returns its error, if a put failed.
+func (w *writer) stop() error {
+	w.once.Do(func() { close(w.done) })
+	<-w.exited
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
