@@ -27,7 +27,7 @@ import (
 
 var (
 	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory", "workloads to run, comma-separated")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum", "workloads to run, comma-separated")
 	createN        = flag.Int("create", 10000, "create: watches to open")
 	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
 	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
@@ -54,6 +54,8 @@ type workload struct {
 	metrics []string
 	// more multiplies -reps for a workload whose figures swing more.
 	more int
+	// reps, when set, replaces -reps for a workload too slow for it.
+	reps *int
 }
 
 var etcdEndpoint string
@@ -66,13 +68,12 @@ const resumeMore = 10
 func main() {
 	flag.Parse()
 	if *memoryChildOf != "" {
-		for _, c := range []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}} {
-			if c.name() == *memoryChildOf {
-				memoryChild(c)
-				return
-			}
-		}
-		check(fmt.Errorf("no contender %q", *memoryChildOf))
+		memoryChild(contenderNamed(*memoryChildOf))
+		return
+	}
+	if *neighbourChildOf != "" {
+		neighbourChild(contenderNamed(*neighbourChildOf))
+		return
 	}
 	dir, err := os.MkdirTemp("", "etcdwatch-bench-")
 	check(err)
@@ -81,19 +82,23 @@ func main() {
 	check(err)
 	defer srv.Stop()
 	etcdEndpoint = srv.Endpoint
-	fmt.Printf("# %s, %d CPUs, GOMAXPROCS %d, %d repetitions (resume %dx), contenders alternating\n", runtime.Version(), runtime.NumCPU(), runtime.GOMAXPROCS(0), *reps, resumeMore)
+	fmt.Printf("# %s, %d CPUs, GOMAXPROCS %d, %d repetitions (resume %dx, quorum %d), contenders alternating\n", runtime.Version(), runtime.NumCPU(), runtime.GOMAXPROCS(0), *reps, resumeMore, *quorumReps)
 
 	all := []workload{
-		{"create", runCreate, []string{"seconds", "watches_per_s"}, 1},
+		{"create", runCreate, []string{"seconds", "watches_per_s"}, 1, nil},
 		// Resumed watches catch up through etcd's unsynced-watcher loop,
 		// which runs every 100ms: where a run falls in its period moves the
 		// figure by up to 100ms, for every contender; see resumeMore.
 		// cpu_seconds, the whole process's CPU time over the same window,
 		// does not depend on that period.
-		{"resume", runResume, []string{"seconds", "cpu_seconds"}, resumeMore},
-		{"fanout", runFanout, []string{"events_per_s", "p50_ms", "p99_ms"}, 1},
-		{"clientonly", runClientOnly, []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}, 1},
-		{"memory", runMemory, []string{"bytes_per_watch", "goroutines_per_watch"}, 1},
+		{"resume", runResume, []string{"seconds", "cpu_seconds"}, resumeMore, nil},
+		{"fanout", runFanout, []string{"events_per_s", "p50_ms", "p99_ms"}, 1, nil},
+		{"clientonly", runClientOnly, []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}, 1, nil},
+		{"memory", runMemory, []string{"bytes_per_watch", "goroutines_per_watch"}, 1, nil},
+		// Per repetition: the median and the highest resume over the cuts.
+		{"cuts", runCuts, []string{"p50_ms", "max_ms"}, 1, nil},
+		{"neighbour", runNeighbour, []string{"p50_ms", "p99_ms", "max_ms", "heap_before_mib", "heap_peak_mib", "heap_after_mib", "heap_after_over_before"}, 1, nil},
+		{"quorum", runQuorum, []string{"ms"}, 1, quorumReps},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -114,13 +119,17 @@ func main() {
 
 func runWorkload(w workload) {
 	var contenders []contender
-	for _, c := range []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}} {
+	for _, c := range allContenders() {
 		if slices.Contains(strings.Split(*contendersFlag, ","), c.name()) {
 			contenders = append(contenders, c)
 		}
 	}
 	results := map[string][]result{}
-	for rep := range *reps * max(w.more, 1) {
+	n := *reps
+	if w.reps != nil {
+		n = *w.reps
+	}
+	for rep := range n * max(w.more, 1) {
 		for k := range contenders { // rotate the order each repetition
 			c := contenders[(k+rep)%len(contenders)]
 			r, err := w.run(c, rep)
@@ -157,6 +166,22 @@ func runWorkload(w workload) {
 		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s\n", w.name, m,
 			ratio(e, medians["clientv3"][m]), ratio(e, medians["raw"][m]))
 	}
+}
+
+// allContenders returns every contender, with its default settings.
+func allContenders() []contender {
+	return []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}}
+}
+
+// contenderNamed returns the contender called name, or exits.
+func contenderNamed(name string) contender {
+	for _, c := range allContenders() {
+		if c.name() == name {
+			return c
+		}
+	}
+	check(fmt.Errorf("no contender %q", name))
+	return nil
 }
 
 func ratio(a, b float64) string {
