@@ -9,8 +9,10 @@
 //
 // # Use
 //
-//	conn, _ := grpc.NewClient("127.0.0.1:2379", grpc.WithTransportCredentials(insecure.NewCredentials()))
-//	s, _ := etcdwatch.Open(conn)
+//	conn, err := grpc.NewClient("127.0.0.1:2379", grpc.WithTransportCredentials(insecure.NewCredentials()))
+//	if err != nil { ... }
+//	s, err := etcdwatch.Open(conn)
+//	if err != nil { ... }
 //	defer s.Close()
 //	w, err := s.Watch(ctx, etcdwatch.Prefix("app/"))
 //	for r := range w.Responses() {
@@ -28,16 +30,18 @@
 //   - A watch whose history was compacted ends with *CompactedError; events
 //     are never skipped silently.
 //   - Delivery never blocks the dispatcher. A watch whose consumer stops
-//     reading buffers up to WithBufferLimit events. The stream then stops
-//     reading for a short, rationed while (WithStallBudget), holding up its
-//     other watches, and if the consumer has not read half of its backlog by
-//     then the watch is paused on the server and resumed from its next
-//     revision once the consumer has.
+//     reading buffers up to WithBufferLimit events and WithBufferBytes
+//     bytes. The stream may then stop reading for a short while to wait for
+//     it: up to WithStallBudget for a watch alone on its stream, at most
+//     2ms for one with neighbours. If the consumer has not read half of its
+//     backlog by then the watch is paused on the server and resumed from
+//     its next revision once the consumer has.
 //   - After Watch.Cancel returns, nothing more is delivered.
 //   - Watches outlive gRPC streams: a stream that fails for a reason a new
-//     stream can cure, or goes silent (WithLiveness), is replaced after a
-//     backoff, and every watch is re-created from its next revision. Dial
-//     builds a connection over several members for failover.
+//     stream can cure, or goes silent (WithLiveness), is replaced, at once
+//     if it had worked (see WithReconnectBackoff), and every watch is
+//     re-created from its next revision. Dial builds a connection over
+//     several members for failover.
 //
 // # Concurrency
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 
@@ -41,7 +42,7 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 	}
 	open := o.openStreamForTest
 	if open == nil {
-		if conn == nil {
+		if isNil(conn) {
 			return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
 		}
 		open = grpcOpener(conn, o.callOptions)
@@ -63,6 +64,18 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		d.run()
 	}()
 	return s, nil
+}
+
+// isNil reports whether conn is nil or an interface holding a nil pointer,
+// such as the *grpc.ClientConn of a failed grpc.NewClient whose error was
+// ignored: it would only fail later, in the background, out of the
+// caller's reach.
+func isNil(conn grpc.ClientConnInterface) bool {
+	if conn == nil {
+		return true
+	}
+	v := reflect.ValueOf(conn)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // Watch opens a watch and returns once the server has confirmed it, so that

@@ -590,31 +590,29 @@ func TestWatchRefusesInvalidRequest(t *testing.T) {
 
 func TestOpenValidation(t *testing.T) {
 	conn := ws.Start(t).Dial(t)
+	var typedNil *grpc.ClientConn // what a failed grpc.NewClient returns
 	for _, tc := range []struct {
 		name  string
-		conn  bool
+		conn  grpc.ClientConnInterface
 		opt   etcdwatch.Option
 		field string
 	}{
-		{"nil conn", false, nil, "conn"},
-		{"buffer limit", true, etcdwatch.WithBufferLimit(0), "WithBufferLimit"},
-		{"progress retry", true, etcdwatch.WithProgressRetry(0), "WithProgressRetry"},
-		{"stall budget", true, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
-		{"codec", true, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
-		{"nil logger", true, etcdwatch.WithLogger(nil), "WithLogger"},
+		{"nil conn", nil, nil, "conn"},
+		{"nil *grpc.ClientConn", typedNil, nil, "conn"},
+		{"buffer limit", conn, etcdwatch.WithBufferLimit(0), "WithBufferLimit"},
+		{"buffer bytes", conn, etcdwatch.WithBufferBytes(0), "WithBufferBytes"},
+		{"connect retry", conn, etcdwatch.WithConnectRetry(-time.Millisecond), "WithConnectRetry"},
+		{"progress retry", conn, etcdwatch.WithProgressRetry(0), "WithProgressRetry"},
+		{"stall budget", conn, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
+		{"codec", conn, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
+		{"nil logger", conn, etcdwatch.WithLogger(nil), "WithLogger"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var opts []etcdwatch.Option
 			if tc.opt != nil {
 				opts = append(opts, tc.opt)
 			}
-			var s *etcdwatch.Stream
-			var err error
-			if tc.conn {
-				s, err = etcdwatch.Open(conn, opts...)
-			} else {
-				s, err = etcdwatch.Open(nil, opts...)
-			}
+			s, err := etcdwatch.Open(tc.conn, opts...)
 			require.Nil(t, s)
 			require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 			require.True(t, strings.Contains(err.Error(), tc.field), err.Error())
