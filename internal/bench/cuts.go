@@ -34,7 +34,9 @@ var (
 // before or after), and the first new event is revision R+1, which could
 // only be committed after the cut. When resumes take longer than
 // -cuts-every, a cut's resume ends after the next cut; each is still
-// timed from its own cut.
+// timed from its own cut. A watch re-created from a past revision catches
+// up through etcd's unsynced-watcher loop, which runs every 100 ms, so
+// every contender's resume includes up to that much.
 func runCuts(c contender, rep int) (result, error) {
 	proxy, err := faults.NewProxy(etcdEndpoint)
 	if err != nil {
