@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/etcdwatch/etcdwatch/internal/ring"
@@ -50,6 +51,7 @@ type dispatcher struct {
 	proxySeen  bool                          // a stream has picked its own ids: each new one starts one create at a time
 	slowStart  bool                          // the next streams start one create at a time, until one echoes an id
 	discard    bool                          // this stream's answers cannot be matched: nothing more is read from it
+	unsent     bool                          // a watch was abandoned since the last dropUnsent
 	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
 	outbox     []wireRequest                 // requests waiting for the session's sendLoop
 	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece
@@ -102,6 +104,9 @@ func (d *dispatcher) run() {
 		case c := <-d.s.cmds:
 			d.handleCommand(c)
 			d.drainCommands()
+			if d.unsent {
+				d.dropUnsent()
+			}
 		case resp := <-recv:
 			d.s.stats.lastMessage.Store(time.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
 			d.sess.took(resp.size)
@@ -232,8 +237,8 @@ func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 // handleCancel releases a watch its consumer has ended.
 func (d *dispatcher) handleCancel(w *Watch) {
 	switch w.state {
-	case stateCreating: // in toCreate or pending; dropped when its turn comes
-		w.abandoned = true
+	case stateCreating: // in toCreate or pending
+		d.abandon(w)
 	case stateActive:
 		delete(d.watches, w.ID())
 		d.sendCancel(w.ID())
@@ -291,6 +296,51 @@ func (d *dispatcher) sendCancel(id int64) {
 	d.outbox = append(d.outbox, wireRequest{kind: requestCancel, id: id})
 }
 
+// abandon releases a watch ended by its consumer while its create is queued
+// or in flight: it counts as a watch no more, and its create is not sent if
+// it has not been (see dropUnsent). It is forgotten when its turn comes:
+// when its create would be sent, or its answer arrives and its server-side
+// watch is canceled.
+func (d *dispatcher) abandon(w *Watch) {
+	w.abandoned = true
+	d.unbind(w)
+	d.s.stats.watches.Add(-1)
+	d.unsent = true
+}
+
+// dropUnsent takes the creates of abandoned watches out of the outbox,
+// which holds what the stream has not been given yet, and those watches out
+// of the creates in flight: the server never hears of them. While the
+// stream waits for its connection every create waits there, and a Watch
+// call that gave up meanwhile would otherwise cost a create and a cancel
+// once it is back. Called after a batch of commands.
+func (d *dispatcher) dropUnsent() {
+	d.unsent = false
+	dropped := make(map[int64]bool) // by create id: true until found unsent
+	for w := range d.pending.All() {
+		if w.abandoned {
+			dropped[w.reqID] = true
+		}
+	}
+	if len(dropped) == 0 {
+		return
+	}
+	d.outbox = slices.DeleteFunc(d.outbox, func(r wireRequest) bool {
+		if r.kind != requestCreate || !dropped[r.id] {
+			return false
+		}
+		dropped[r.id] = false
+		return true
+	})
+	d.pending.DeleteFunc(func(w *Watch) bool {
+		if found, ok := dropped[w.reqID]; ok && !found && w.abandoned {
+			d.forget(w)
+			return true
+		}
+		return false
+	})
+}
+
 // forget drops a watch that has ended or was abandoned.
 func (d *dispatcher) forget(w *Watch) {
 	if w.state == statePaused {
@@ -301,7 +351,7 @@ func (d *dispatcher) forget(w *Watch) {
 	d.unbind(w)
 	w.state = stateDone
 	delete(d.frags, w)
-	if !w.probe {
+	if !w.probe && !w.abandoned { // an abandoned watch stopped counting then
 		d.s.stats.watches.Add(-1)
 	}
 }
@@ -462,6 +512,10 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 	w.id.Store(id)
 	w.state = stateActive
 	w.authRetried = false
+	if w.resuming {
+		w.resuming = false
+		d.s.stats.resumed.Add(1)
+	}
 	d.watches[id] = w
 	if w.fromNow {
 		// The server starts a "from now" watch just after the revision it
@@ -492,7 +546,7 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	if resp.CompactRevision > 0 {
 		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.rev + 1}
 	}
-	d.log.Debug("etcdwatch: server canceled watch", "id", id, "err", err)
+	d.log.Warn("etcdwatch: server ended the watch", "watch", w.req.String(), "id", id, "err", err)
 	d.end(w, err, false)
 }
 

@@ -106,8 +106,8 @@ func (d *dispatcher) requeueAll() {
 	}
 	for _, w := range d.watches {
 		w.state = stateCreating
+		w.resuming = true // counted as resumed once the new stream confirms it
 		q.Push(w)
-		d.s.stats.resumed.Add(1)
 	}
 	clear(d.watches)
 	clear(d.frags)

@@ -3,6 +3,7 @@ package etcdwatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -306,4 +308,67 @@ func TestConnectionBackoffIsCutShort(t *testing.T) {
 	srv.Send(t, ws.Created(c.WatchId, 1))
 	require.NoError(t, recvResult(t, res).err)
 	require.Greater(t, attempts.Load(), int64(5))
+}
+
+// TestAbandonedCreatesAreNotSent: Watch calls that give up while the
+// stream waits for its connection stop counting at once, and their creates
+// never reach the server once the connection is back.
+func TestAbandonedCreatesAreNotSent(t *testing.T) {
+	const n = 20
+	server := ws.Start(t)
+	var up atomic.Bool
+	conn, err := grpc.NewClient("passthrough:///down",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			if !up.Load() {
+				return nil, errors.New("connection refused (scripted)")
+			}
+			return server.Connect(ctx)
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := etcdwatch.Open(conn, etcdwatch.WithConnectRetry(5*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var calls sync.WaitGroup
+	for i := range n {
+		calls.Go(func() {
+			_, err := s.Watch(ctx, etcdwatch.Key(fmt.Sprint("gone/", i)))
+			assert.ErrorIs(t, err, context.Canceled)
+		})
+	}
+	require.Eventually(t, func() bool { return s.Stats().Watches == n }, wait, time.Millisecond)
+	cancel()
+	calls.Wait()
+	require.Eventually(t, func() bool { return s.Stats().Watches == 0 }, wait, time.Millisecond,
+		"abandoned watches still counted")
+
+	up.Store(true)
+	srv := server.Accept(t)
+	res := make(chan watchResult, 1)
+	go func() { // ends when the watch is confirmed or the Stream closes
+		w, err := s.Watch(context.Background(), etcdwatch.Key("kept"))
+		res <- watchResult{w, err}
+	}()
+	c := srv.RecvCreate(t)
+	require.Equal(t, "kept", string(c.Key), "an abandoned watch's create was sent")
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NoError(t, recvResult(t, res).err)
+	require.Equal(t, int64(1), s.Stats().Watches)
+}
+
+// TestResumedCountsConfirmedWatches: Stats.Resumed counts a watch re-created
+// after a reconnect once the new stream confirms it, not when it is queued.
+func TestResumedCountsConfirmedWatches(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Zero(t, h.s.Stats().Resumed, "counted before the server confirmed it")
+	h.srv.Send(t, ws.Created(c.WatchId, 2))
+	h.srv.Send(t, ws.Events(c.WatchId, 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	require.Equal(t, uint64(1), h.s.Stats().Resumed)
 }

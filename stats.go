@@ -8,7 +8,7 @@ import (
 // Stats is a snapshot of a Stream's counters. Counts are totals since Open;
 // Watches and Paused are current values.
 type Stats struct {
-	Watches           int64  // watches running now (creating, active or paused)
+	Watches           int64  // watches running now (creating, active or paused); a canceled one stops counting at once
 	Paused            int64  // watches paused now because their consumer fell behind
 	Created           uint64 // created responses accepted, resumes included
 	Stalls            uint64 // times the stream waited for a consumer at its buffer limit
@@ -21,7 +21,7 @@ type Stats struct {
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended
-	Resumed           uint64 // watches re-created on a new stream after a reconnect
+	Resumed           uint64 // watches re-created on a new stream after a reconnect, once it confirmed them
 	// LastMessage is when the last response, or the burst of responses
 	// read together with it, arrived; zero before the first.
 	LastMessage time.Time

@@ -41,6 +41,7 @@ type Watch struct {
 	probe       bool           // a liveness probe, not a user's watch
 	authRetried bool           // refused for its credentials once; refused again, it ends
 	abandoned   bool           // ended by its consumer while a create was in flight
+	resuming    bool           // re-created on a new stream after a reconnect, not yet confirmed
 	created     chan<- created // to Stream.open, the first create's outcome; nil once told
 	group       *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
 	reqID       int64          // id asked for in the create in flight

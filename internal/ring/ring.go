@@ -1,6 +1,8 @@
 // Package ring provides a growable FIFO queue backed by a ring buffer.
 package ring
 
+import "iter"
+
 // Ring is a FIFO queue that grows on demand. Its zero value is an empty queue
 // that holds no memory. It is not safe for concurrent use.
 type Ring[T any] struct {
@@ -57,6 +59,40 @@ func (r *Ring[T]) Last() *T {
 		return nil
 	}
 	return &r.buf[(r.head+r.n-1)%len(r.buf)]
+}
+
+// All yields the queued elements, head first. The queue must not change
+// meanwhile.
+func (r *Ring[T]) All() iter.Seq[T] {
+	return func(yield func(T) bool) {
+		for i := range r.n {
+			if !yield(r.buf[(r.head+i)%len(r.buf)]) {
+				return
+			}
+		}
+	}
+}
+
+// DeleteFunc removes every element for which del returns true, keeping the
+// others in order. del sees each element once, head first.
+func (r *Ring[T]) DeleteFunc(del func(T) bool) {
+	var zero T
+	kept := 0
+	for i := range r.n {
+		v := r.buf[(r.head+i)%len(r.buf)]
+		if del(v) {
+			continue
+		}
+		r.buf[(r.head+kept)%len(r.buf)] = v
+		kept++
+	}
+	for i := kept; i < r.n; i++ {
+		r.buf[(r.head+i)%len(r.buf)] = zero // let the garbage collector have them
+	}
+	r.n = kept
+	if r.n == 0 {
+		r.head = 0
+	}
 }
 
 // Reset empties the queue and releases its buffer.

@@ -1,6 +1,9 @@
 package ring
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestRingFIFOAcrossGrowthAndWrap(t *testing.T) {
 	var r Ring[int]
@@ -48,5 +51,39 @@ func TestRingFIFOAcrossGrowthAndWrap(t *testing.T) {
 	r.Reset()
 	if r.Len() != 0 || r.buf != nil {
 		t.Fatal("Reset did not release the buffer")
+	}
+}
+
+// TestRingDeleteFunc: deleting keeps the rest in order, across a wrapped
+// head, and the ring stays usable.
+func TestRingDeleteFunc(t *testing.T) {
+	var r Ring[int]
+	for i := range 6 {
+		r.Push(i)
+	}
+	r.Pop()
+	r.Pop()
+	for i := 6; i < 10; i++ { // wraps around the buffer of 8
+		r.Push(i)
+	}
+	var seen []int
+	r.DeleteFunc(func(v int) bool { seen = append(seen, v); return v%3 == 0 })
+	if want := []int{2, 3, 4, 5, 6, 7, 8, 9}; !slices.Equal(seen, want) {
+		t.Fatalf("DeleteFunc saw %v, want %v", seen, want)
+	}
+	if got, want := slices.Collect(r.All()), []int{2, 4, 5, 7, 8}; !slices.Equal(got, want) {
+		t.Fatalf("after DeleteFunc: %v, want %v", got, want)
+	}
+	r.Push(10)
+	if l := r.Last(); l == nil || *l != 10 {
+		t.Fatalf("Last = %v, want 10", l)
+	}
+	r.DeleteFunc(func(int) bool { return true })
+	if r.Len() != 0 {
+		t.Fatalf("Len = %d after deleting all", r.Len())
+	}
+	r.Push(11)
+	if v, ok := r.Pop(); !ok || v != 11 {
+		t.Fatalf("Pop = %d, %v after deleting all", v, ok)
 	}
 }
