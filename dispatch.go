@@ -32,6 +32,7 @@ type dispatcher struct {
 
 	sess      *session  // the gRPC stream now; nil while waiting to reconnect
 	sessStart time.Time // when sess was opened
+	sessOpen  bool      // sess has opened its gRPC stream
 	sessHeard bool      // the server has said something on sess
 	downSince time.Time // when the last stream that worked ended; zero while one works
 	failed    error     // a failure reconnecting cannot fix; nil while the stream is usable
@@ -87,12 +88,16 @@ func (d *dispatcher) run() {
 	defer d.shutdown()
 	for {
 		var (
-			recv <-chan wireResponse
-			send chan<- []wireRequest
-			dead <-chan struct{}
+			recv   <-chan wireResponse
+			send   chan<- []wireRequest
+			opened <-chan struct{}
+			dead   <-chan struct{}
 		)
 		if d.sess != nil {
 			dead = d.sess.dead
+			if !d.sessOpen {
+				opened = d.sess.opened
+			}
 			if d.reading() {
 				recv = d.sess.recv
 			}
@@ -114,6 +119,9 @@ func (d *dispatcher) run() {
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
+		case <-opened:
+			d.sessOpen = true
+			d.s.state.opened(time.Now())
 		case <-dead:
 			d.handleSessionEnd()
 		case <-d.retry.C:

@@ -22,7 +22,6 @@ type options struct {
 	progressRetry                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
-	openStreamForTest             opener // nil: a gRPC Watch stream on the connection
 }
 
 func defaultOptions() options {

@@ -27,7 +27,7 @@ var (
 func (d *dispatcher) connect() {
 	d.sess = startSession(d.open)
 	d.idsTrusted, d.idsIgnored = false, false // the new stream may reach another server
-	d.sessStart, d.sessHeard = time.Now(), false
+	d.sessStart, d.sessOpen, d.sessHeard = time.Now(), false, false
 	d.live.arm()
 	d.hurry.arm()
 	d.flushCreates()
@@ -50,6 +50,7 @@ func (d *dispatcher) handleSessionEnd() {
 	d.sess = nil
 	d.discard = false
 	d.live.stop()
+	d.s.state.ended(err, d.sessOpen, time.Now())
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)

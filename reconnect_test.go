@@ -206,7 +206,8 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 	require.Equal(t, 1, logs.count("create refused for its credentials; trying a new stream"), "one retry for a stale token")
 }
 
-// logRecorder is a slog.Handler that keeps the messages it is given.
+// logRecorder is a slog.Handler that keeps the messages it is given, each
+// after its level ("WARN etcdwatch: ...").
 type logRecorder struct {
 	mu   sync.Mutex
 	msgs []string
@@ -218,7 +219,7 @@ func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
 func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.msgs = append(l.msgs, r.Message)
+	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
 	return nil
 }
 

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // wireStream is the part of a gRPC Watch stream the dispatcher needs. Recv
@@ -24,24 +28,50 @@ type wireStream interface {
 type opener func(ctx context.Context) (wireStream, error)
 
 // grpcOpener opens etcd's Watch RPC on conn, decoding responses with codec.
-// The RPC waits for the connection to be ready rather than failing at once:
-// after a cut the stream reopens the moment gRPC has reconnected, instead of
-// a backoff later. It takes responses of any size, as etcd's own client
-// does: gRPC's default of 4 MiB would refuse an unfragmented revision above
-// it, and the watch would be re-created only to meet it again.
-func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption) opener {
-	opts := append([]grpc.CallOption{
-		grpc.ForceCodecV2(codec{}),
-		grpc.WaitForReady(true),
-		grpc.MaxCallRecvMsgSize(math.MaxInt32),
-	}, callOpts...)
-	return func(ctx context.Context) (wireStream, error) {
+// It takes responses of any size, as etcd's own client does: gRPC's default
+// of 4 MiB would refuse an unfragmented revision above it, and the watch
+// would be re-created only to meet it again.
+//
+// The RPC waits for the connection rather than failing at once: after a cut
+// the stream reopens the moment gRPC has reconnected, instead of a backoff
+// later. On a *grpc.ClientConn it waits by hand, so as to learn why the
+// connection fails: it opens the stream without waiting, and while that
+// fails for want of a connection it reports the connection's error (a
+// refused connection, a failed TLS handshake) and waits for the
+// connection's state to change.
+func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption, report func(error)) opener {
+	base := []grpc.CallOption{grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
+	ready := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(true)}, callOpts)
+	failFast := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(false)}, callOpts)
+	newStream := func(ctx context.Context, opts []grpc.CallOption) (wireStream, error) {
 		cs, err := conn.NewStream(ctx, &pb.Watch_ServiceDesc.Streams[0], pb.Watch_Watch_FullMethodName, opts...)
 		if err != nil {
 			return nil, err
 		}
 		return grpcStream{cs}, nil
 	}
+	cc, ok := conn.(stateWatcher)
+	if !ok {
+		return func(ctx context.Context) (wireStream, error) { return newStream(ctx, ready) }
+	}
+	return func(ctx context.Context) (wireStream, error) {
+		for {
+			ws, err := newStream(ctx, failFast)
+			if err == nil || status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+				return ws, err
+			}
+			report(err)
+			if cc.GetState() == connectivity.TransientFailure {
+				cc.WaitForStateChange(ctx, connectivity.TransientFailure)
+			}
+		}
+	}
+}
+
+// stateWatcher is the part of *grpc.ClientConn that grpcOpener waits on.
+type stateWatcher interface {
+	GetState() connectivity.State
+	WaitForStateChange(ctx context.Context, source connectivity.State) bool
 }
 
 type grpcStream struct{ grpc.ClientStream }
@@ -66,6 +96,7 @@ type session struct {
 	cancel context.CancelCauseFunc
 	recv   chan wireResponse  // recvLoop -> dispatcher, readAhead deep
 	send   chan []wireRequest // dispatcher -> sendLoop
+	opened chan struct{}      // closed by recvLoop once the stream is open
 	dead   chan struct{}      // closed by exit
 	err    error              // why the session ended; read after dead is closed
 	ahead  atomic.Int64       // bytes of the responses in recv
@@ -93,6 +124,7 @@ func startSession(open opener) *session {
 		cancel: cancel,
 		recv:   make(chan wireResponse, readAhead),
 		room:   make(chan struct{}, 1),
+		opened: make(chan struct{}),
 		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
 	}
@@ -124,6 +156,7 @@ func (s *session) recvLoop(open opener) error {
 	if err != nil {
 		return err
 	}
+	close(s.opened)
 	s.wg.Add(1)
 	go func() { // exits when a Send fails or ctx ends; waited for in close
 		defer s.wg.Done()

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 )
@@ -26,6 +28,7 @@ type Stream struct {
 	once    sync.Once
 	pumps   sync.WaitGroup // running Watch.pump goroutines
 	stats   counters
+	state   stateBox
 }
 
 // Open starts a Stream on conn, typically a *grpc.ClientConn dialed to one or
@@ -40,15 +43,8 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	open := o.openStreamForTest
-	if open == nil {
-		if isNil(conn) {
-			return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
-		}
-		open = grpcOpener(conn, o.callOptions)
-	}
-	if o.requireLeader {
-		open = requireLeader(open)
+	if isNil(conn) {
+		return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
 	}
 	s := &Stream{
 		conn:    conn,
@@ -57,6 +53,11 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		cmds:    make(chan any, 64),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
+	}
+	s.state.st.Since = time.Now() // before the dispatcher starts
+	open := grpcOpener(conn, o.callOptions, s.connectionFailed)
+	if o.requireLeader {
+		open = requireLeader(open)
 	}
 	d := newDispatcher(s, open)
 	go func() { // exits when Close is called; Close waits on done
@@ -185,7 +186,7 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 				return c.w, c.err
 			}
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+			return nil, s.state.explain(context.Cause(ctx))
 		case <-s.done:
 			return nil, ErrClosed
 		}
@@ -212,7 +213,7 @@ func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 	case r := <-p.reply:
 		return r.rev, r.err
 	case <-ctx.Done():
-		return 0, context.Cause(ctx)
+		return 0, s.state.explain(context.Cause(ctx))
 	case <-s.done:
 		return 0, ErrClosed
 	}
@@ -220,6 +221,21 @@ func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 
 // Stats returns a snapshot of the stream's counters.
 func (s *Stream) Stats() Stats { return s.stats.snapshot() }
+
+// State returns whether the stream is open, since when, and the last error
+// that ended it or kept it from opening.
+func (s *Stream) State() State { return s.state.get() }
+
+// connectionFailed records why a stream could not open for want of a
+// connection, and logs it once per outage: at Warn the first time, at
+// Debug after. Called by the goroutine opening the stream.
+func (s *Stream) connectionFailed(err error) {
+	level := slog.LevelDebug
+	if s.state.failed(err, time.Now()) {
+		level = slog.LevelWarn
+	}
+	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
+}
 
 // Close ends every watch with ErrClosed, ends the gRPC stream and waits for
 // every goroutine of the Stream. It is idempotent and always returns nil.

@@ -1,0 +1,78 @@
+package etcdwatch
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// State is where a Stream's gRPC stream stands, for health checks and for
+// telling why watches wait.
+type State struct {
+	// Connected is true while a Watch stream is open on the connection.
+	Connected bool
+	// Since is when Connected last changed; Open's time at first.
+	Since time.Time
+	// LastError is the last error that ended a stream or kept one from
+	// opening (a refused connection, a failed TLS handshake, a member
+	// without a leader), nil before the first. It is kept after the
+	// stream is back: compare LastErrorAt with Since.
+	LastError error
+	// LastErrorAt is when LastError happened.
+	LastErrorAt time.Time
+}
+
+// stateBox holds a Stream's State. The dispatcher writes whether the stream
+// is open; the goroutine opening a stream writes the connection errors it
+// meets while it waits. Readers take a copy.
+type stateBox struct {
+	mu       sync.Mutex
+	st       State
+	reported bool // a failure has been recorded since the stream was last open
+}
+
+func (b *stateBox) get() State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.st
+}
+
+// opened records a stream that has opened.
+func (b *stateBox) opened(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.st.Connected, b.st.Since = true, now
+	b.reported = false
+}
+
+// ended records a stream that has ended with err; wasOpen tells whether it
+// had opened.
+func (b *stateBox) ended(err error, wasOpen bool, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if wasOpen {
+		b.st.Connected, b.st.Since = false, now
+	}
+	b.st.LastError, b.st.LastErrorAt = err, now
+}
+
+// failed records err, which ended a stream or kept one from opening, and
+// reports whether it is the first failure since the stream was last open.
+func (b *stateBox) failed(err error, now time.Time) (first bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.st.LastError, b.st.LastErrorAt = err, now
+	first = !b.reported
+	b.reported = true
+	return first
+}
+
+// explain adds to cause, why a call gave up, the reason the stream could
+// not open, if it could not: errors.Is matches both.
+func (b *stateBox) explain(cause error) error {
+	st := b.get()
+	if st.Connected || st.LastError == nil {
+		return cause
+	}
+	return fmt.Errorf("%w (the watch stream has not been open since %s: %w)", cause, st.Since.Format(time.RFC3339), st.LastError)
+}

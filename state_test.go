@@ -1,0 +1,169 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"log/slog"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	return addr
+}
+
+// openOn opens a Stream on a new connection to addr, logging to logs.
+func openOn(t *testing.T, addr string, creds credentials.TransportCredentials, logs *logRecorder) *etcdwatch.Stream {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := etcdwatch.Open(conn, etcdwatch.WithLogger(slog.New(logs)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// requireExplained checks that err, from a call whose context ran out while
+// the stream could not open, is that context's error and says why the
+// stream could not open, as does State.
+func requireExplained(t *testing.T, s *etcdwatch.Stream, err error, logs *logRecorder) {
+	t.Helper()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, codes.Unavailable, status.Code(err), "no gRPC error wrapped in %v", err)
+	state := s.State()
+	require.False(t, state.Connected)
+	require.Error(t, state.LastError)
+	require.False(t, state.LastErrorAt.IsZero())
+	require.Equal(t, 1, logs.count("WARN etcdwatch: cannot open the watch stream"), "the failure was not logged once at Warn")
+	t.Logf("%v", err)
+}
+
+// TestDeadPortIsExplained: a Watch that gives up on a connection that is
+// refused says so, besides its context's error.
+func TestDeadPortIsExplained(t *testing.T) {
+	var logs logRecorder
+	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := s.Watch(ctx, etcdwatch.Key("a"))
+	requireExplained(t, s, err, &logs)
+	require.Contains(t, err.Error(), "connection refused")
+
+	// RequestProgress likewise, with a watch waiting to be created.
+	waiting, stop := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { // ends with stop
+		_, err := s.Watch(waiting, etcdwatch.Key("b"))
+		res <- err
+	}()
+	require.Eventually(t, func() bool { return s.Stats().Watches == 1 }, wait, time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err = s.RequestProgress(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Contains(t, err.Error(), "connection refused")
+	stop()
+	require.ErrorIs(t, recv(t, res, "Watch"), context.Canceled)
+}
+
+// TestRefusedTLSHandshakeIsExplained: likewise for a server whose
+// certificate the client does not trust.
+func TestRefusedTLSHandshakeIsExplained(t *testing.T) {
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lis.Close() })
+	go func() { // exits when the listener is closed
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake() // fails: the client refuses the certificate
+			_ = c.Close()
+		}
+	}()
+	var logs logRecorder
+	s := openOn(t, lis.Addr().String(), credentials.NewTLS(&tls.Config{RootCAs: x509.NewCertPool()}), &logs)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = s.Watch(ctx, etcdwatch.Key("a"))
+	requireExplained(t, s, err, &logs)
+	require.Contains(t, err.Error(), "certificate")
+}
+
+// selfSigned returns a certificate for 127.0.0.1 that nobody trusts.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "untrusted"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestStateFollowsTheStream: State says whether the stream is open and since
+// when, and keeps the error that last ended it; a stream back after a
+// failure is logged once, at Info.
+func TestStateFollowsTheStream(t *testing.T) {
+	var logs logRecorder
+	h := newHarness(t, etcdwatch.WithLogger(slog.New(&logs)))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	up := h.s.State()
+	require.True(t, up.Connected)
+	require.NoError(t, up.LastError)
+
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 2))
+	h.srv.Send(t, ws.Events(c.WatchId, 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	back := h.s.State()
+	require.True(t, back.Connected)
+	require.True(t, back.Since.After(up.Since), "Since did not move with the reconnection")
+	require.Equal(t, codes.Unavailable, status.Code(back.LastError))
+	require.False(t, back.LastErrorAt.After(back.Since), "the error came after the stream was back")
+	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back"))
+	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream ended; reconnecting"))
+}
+
+// TestServerEndedWatchIsLoggedAtWarn: a watch the server ends (here by
+// compaction) is logged once, at Warn.
+func TestServerEndedWatchIsLoggedAtWarn(t *testing.T) {
+	var logs logRecorder
+	h := newHarness(t, etcdwatch.WithLogger(slog.New(&logs)))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Compacted(w.ID(), 5))
+	require.ErrorIs(t, ended(t, w), etcdwatch.ErrCompacted)
+	require.Equal(t, 1, logs.count("WARN etcdwatch: server ended the watch"))
+}
