@@ -2,7 +2,9 @@ package etcdwatch
 
 import (
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +25,8 @@ import (
 // reconnects to a member that comes back within 100ms to 3s (gRPC's own
 // default waits from 1s up to 2 minutes).
 //
-// Endpoints are "host:port", optionally with an http:// or https:// scheme.
+// Endpoints are "host:port", optionally with an http:// or https:// scheme;
+// the port is required.
 // Transport credentials are required in opts (for example
 // grpc.WithTransportCredentials(insecure.NewCredentials()) for plain text);
 // later options override the defaults above.
@@ -58,16 +61,26 @@ func Dial(endpoints []string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
 }
 
 // endpointHost returns host:port from "host:port" or "scheme://host:port".
+// The port is required: etcd has no single default one (2379 for clients,
+// but often another), and gRPC would dial port 443.
 func endpointHost(ep string) (string, error) {
+	host := ep
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil || u.Host == "" {
 			return "", fmt.Errorf("%w: endpoint %q is not a URL with a host", ErrInvalidArgument, ep)
 		}
-		return u.Host, nil
+		host = u.Host
 	}
 	if ep == "" {
 		return "", fmt.Errorf("%w: empty endpoint", ErrInvalidArgument)
 	}
-	return ep, nil
+	_, port, err := net.SplitHostPort(host)
+	if err != nil {
+		return "", fmt.Errorf("%w: endpoint %q needs host:port: %w", ErrInvalidArgument, ep, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", fmt.Errorf("%w: endpoint %q has no valid port", ErrInvalidArgument, ep)
+	}
+	return host, nil
 }
