@@ -42,6 +42,10 @@ var (
 	// the error also wraps the gRPC error (use status.FromError on it).
 	ErrStreamFailed = errors.New("etcdwatch: watch stream failed")
 
+	// ErrCreateTimeout fails a Watch or WatchAll call that the server did not
+	// answer within WithCreateTimeout.
+	ErrCreateTimeout = errors.New("etcdwatch: watch not confirmed in time")
+
 	// ErrNoWatches is returned by RequestProgress on a Stream without live
 	// watches: etcd 3.6 and later never answer such a request.
 	ErrNoWatches = errors.New("etcdwatch: no watches on the stream")

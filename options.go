@@ -20,6 +20,7 @@ type options struct {
 	bufferLimit, bufferBytes      int
 	stallBudget                   time.Duration
 	progressRetry                 time.Duration
+	createTimeout                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
 }
@@ -73,6 +74,16 @@ func WithBufferBytes(n int) Option { return func(o *options) { o.bufferBytes = n
 // 0 pauses a watch as soon as it reaches its limit and never holds up the
 // stream. Default 100ms; at least 0.
 func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
+
+// WithCreateTimeout bounds how long Watch and WatchAll wait for the server
+// to confirm their watches, apart from their context, which bounds the
+// watches' whole lives: a call not answered within d fails with an error
+// wrapping ErrCreateTimeout (and, if the stream could not open meanwhile,
+// the reason), and its watches are canceled. A confirmed watch then runs for
+// as long as its context allows. It is a Stream option because a slow
+// confirmation says something about the stream's connection, whichever call
+// meets it. Default 0: no bound but the context's; at least 0.
+func WithCreateTimeout(d time.Duration) Option { return func(o *options) { o.createTimeout = d } }
 
 // WithProgressRetry sets how long RequestProgress waits for an answer before
 // asking again: etcd 3.6 and later stay silent while any watch on the stream
@@ -144,6 +155,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: WithBufferBytes(%d) must be at least 1", ErrInvalidArgument, o.bufferBytes)
 	case o.stallBudget < 0:
 		return fmt.Errorf("%w: WithStallBudget(%v) must be at least 0", ErrInvalidArgument, o.stallBudget)
+	case o.createTimeout < 0:
+		return fmt.Errorf("%w: WithCreateTimeout(%v) must be at least 0", ErrInvalidArgument, o.createTimeout)
 	case o.progressRetry < time.Millisecond:
 		return fmt.Errorf("%w: WithProgressRetry(%v) must be at least 1ms", ErrInvalidArgument, o.progressRetry)
 	case o.backoffMin <= 0 || o.backoffMax < o.backoffMin:

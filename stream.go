@@ -109,12 +109,19 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // opening such a watch with Watch, its consumer ready, avoids the replay.
 //
 // It is all or nothing. If a request is invalid, nothing is opened. If the
-// server refuses a create, ctx ends, the Stream closes or its stream fails
-// for good before every watch is confirmed, the watches opened so far are
-// canceled. For an invalid or refused request the error names it and wraps
+// server refuses a create, ctx ends, WithCreateTimeout passes, the Stream
+// closes or its stream fails for good before every watch is confirmed, the
+// watches opened so far are canceled. For an invalid or refused request the error names it and wraps
 // what Watch would have returned for it (match it with errors.Is and
 // errors.As); otherwise it is the error Watch returns then. ctx bounds the
 // wait and every watch's life, as it does for Watch.
+//
+// A watch whose start revision has been compacted is not a refusal: etcd
+// confirms its create, then cancels it with the compact revision. So Watch
+// and WatchAll return it, and it ends at once with a *CompactedError on
+// its channel, as it would had the compaction come a moment later. Telling
+// the two apart would mean holding every call back until the server could
+// no longer cancel, which it never promises.
 func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) {
 	if len(rs) == 0 {
 		return nil, nil
@@ -177,8 +184,15 @@ func (s *Stream) cancelAll(ws []*Watch, err error) {
 }
 
 // awaitCreated waits for n outcomes of creates and returns the first failure:
-// a watch the server refused and why, or no watch and ctx's cause or ErrClosed.
+// a watch the server refused and why, or no watch and ctx's cause,
+// ErrCreateTimeout or ErrClosed.
 func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int) (*Watch, error) {
+	var timeout <-chan time.Time
+	if d := s.opts.createTimeout; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
 	for range n {
 		select {
 		case c := <-created:
@@ -187,6 +201,8 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 			}
 		case <-ctx.Done():
 			return nil, s.state.explain(context.Cause(ctx))
+		case <-timeout:
+			return nil, s.state.explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
 		case <-s.done:
 			return nil, ErrClosed
 		}

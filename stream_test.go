@@ -767,3 +767,40 @@ func TestWatchAllEndedForTheWholeStream(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateTimeoutBoundsOnlyTheWait: WithCreateTimeout fails a call the
+// server does not answer in time, with ErrCreateTimeout, and cancels its
+// watch once the server does answer; a watch confirmed in time outlives it.
+func TestCreateTimeoutBoundsOnlyTheWait(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCreateTimeout(50*time.Millisecond))
+	kept := h.watch(etcdwatch.Key("kept"), 1)
+	late := h.watchAsync(context.Background(), etcdwatch.Key("late"))
+	c := h.srv.RecvCreate(t)
+	err := recvResult(t, late).err // the timeout has passed: kept has outlived it
+	require.ErrorIs(t, err, etcdwatch.ErrCreateTimeout)
+	h.srv.Send(t, ws.Created(c.WatchId, 1))
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t), "the late watch was not released")
+	h.srv.Send(t, ws.Events(kept.ID(), 2, ws.Put("kept", "v", 2)))
+	require.Equal(t, int64(2), next(t, kept).Revision)
+	require.Nil(t, kept.Err())
+	require.Equal(t, int64(1), h.s.Stats().Watches)
+}
+
+// TestWatchAllWithACompactedRequest: a compacted start revision is not a
+// refusal: etcd confirms the create, then cancels it. WatchAll returns
+// every watch, and the compacted one ends at once with *CompactedError.
+func TestWatchAllWithACompactedRequest(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAllAsync(context.Background(), etcdwatch.Key("a"), etcdwatch.Key("old").FromRevision(2))
+	a, old := h.srv.RecvCreate(t), h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(a.WatchId, 10))
+	h.srv.Send(t, ws.Created(old.WatchId, 10))
+	h.srv.Send(t, ws.Compacted(old.WatchId, 5))
+	got := recv(t, res, "WatchAll")
+	require.NoError(t, got.err)
+	require.Len(t, got.ws, 2)
+	var ce *etcdwatch.CompactedError
+	require.ErrorAs(t, ended(t, got.ws[1]), &ce)
+	require.Equal(t, int64(5), ce.CompactRevision)
+	require.Nil(t, got.ws[0].Err(), "the other watch ended too")
+}

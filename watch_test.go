@@ -602,6 +602,7 @@ func TestOpenValidation(t *testing.T) {
 		{"buffer limit", conn, etcdwatch.WithBufferLimit(0), "WithBufferLimit"},
 		{"buffer bytes", conn, etcdwatch.WithBufferBytes(0), "WithBufferBytes"},
 		{"connect retry", conn, etcdwatch.WithConnectRetry(-time.Millisecond), "WithConnectRetry"},
+		{"create timeout", conn, etcdwatch.WithCreateTimeout(-time.Millisecond), "WithCreateTimeout"},
 		{"progress retry", conn, etcdwatch.WithProgressRetry(0), "WithProgressRetry"},
 		{"stall budget", conn, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
 		{"codec", conn, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
