@@ -1,12 +1,14 @@
 // Command prefixwatch watches every key under a prefix and prints each
 // event, like `etcdctl watch --prefix`.
 //
-// With -endpoints it watches that etcd. Without, it starts an embedded etcd
+// With -endpoints it watches that etcd, through any of the members given
+// (comma-separated), until interrupted. Without, it starts an embedded etcd
 // in a temporary directory, writes a few demo keys and exits once it has
 // shown them arrive.
 //
 //	go run ./prefixwatch                                # demo on an embedded etcd
 //	go run ./prefixwatch -endpoints 127.0.0.1:2379 -prefix app/
+//	go run ./prefixwatch -endpoints 10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379
 package main
 
 import (
@@ -30,21 +32,27 @@ import (
 )
 
 func main() {
-	endpoints := flag.String("endpoints", "", "etcd endpoint host:port; empty starts an embedded etcd with demo writes")
+	endpoints := flag.String("endpoints", "", "etcd endpoints, host:port[,host:port...]; empty starts an embedded etcd with demo writes")
 	prefix := flag.String("prefix", "demo/", "key prefix to watch")
 	rev := flag.Int64("rev", 0, "first revision to show; 0 shows changes from now on")
 	prevKV := flag.Bool("prev-kv", false, "show each event's previous value")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	err := run(ctx, os.Stdout, *endpoints, etcdwatch.Prefix(*prefix).FromRevision(*rev), *prevKV)
+	var eps []string
+	if *endpoints != "" {
+		eps = strings.Split(*endpoints, ",")
+	}
+	err := run(ctx, os.Stdout, eps, etcdwatch.Prefix(*prefix).FromRevision(*rev), *prevKV)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		log.Fatal(err)
 	}
 }
 
-func run(ctx context.Context, out io.Writer, endpoints string, req etcdwatch.Request, prevKV bool) error {
-	demo := endpoints == ""
+// run watches req through endpoints, or, with none, on an embedded etcd
+// with demo writes.
+func run(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch.Request, prevKV bool) error {
+	demo := len(endpoints) == 0
 	if demo {
 		dir, err := os.MkdirTemp("", "prefixwatch-")
 		if err != nil {
@@ -56,13 +64,16 @@ func run(ctx context.Context, out io.Writer, endpoints string, req etcdwatch.Req
 			return err
 		}
 		defer srv.Stop()
-		endpoints = srv.Endpoint
-		fmt.Fprintf(out, "started an embedded etcd at %s\n", endpoints)
+		endpoints = []string{srv.Endpoint}
+		fmt.Fprintf(out, "started an embedded etcd at %s\n", srv.Endpoint)
 	}
-	if strings.Contains(endpoints, ",") {
-		return fmt.Errorf("one endpoint at a time for now, got %q", endpoints)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return watch(ctx, out, endpoints, req, prevKV, demo)
+}
+
+// watch prints req's events until ctx ends, or, with demo, writes the demo
+// keys and returns once they have arrived.
+func watch(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch.Request, prevKV, demo bool) error {
+	conn, err := etcdwatch.Dial(endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}

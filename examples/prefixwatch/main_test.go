@@ -10,9 +10,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks that nothing outlives the tests but the idle peer HTTP
+// connections of stopped etcd members, which close on their own.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
+		goleak.IgnoreAnyFunction("net/http.(*conn).serve"))
+}
 
 // TestDemo runs the example as `make run` does and checks that every demo
 // write is shown, in order.
@@ -20,9 +29,41 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := run(ctx, &out, "", etcdwatch.Prefix("demo/"), true); err != nil {
+	if err := run(ctx, &out, nil, etcdwatch.Prefix("demo/"), true); err != nil {
 		t.Fatal(err)
 	}
+	requireDemoOutput(t, out.String())
+}
+
+// TestSeveralEndpoints: the example takes several members and watches
+// through whichever is up, here with the first one stopped.
+func TestSeveralEndpoints(t *testing.T) {
+	members, err := embedded.StartCluster(t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, m := range members {
+			m.Stop()
+		}
+	}()
+	members[0].Stop()
+	var eps []string
+	for _, m := range members {
+		eps = append(eps, m.Endpoint)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := watch(ctx, &out, eps, etcdwatch.Prefix("demo/"), true, true); err != nil {
+		t.Fatal(err)
+	}
+	requireDemoOutput(t, out.String())
+}
+
+// requireDemoOutput checks that got shows every demo write, in order.
+func requireDemoOutput(t *testing.T, got string) {
+	t.Helper()
 	want := []string{
 		"PUT demo/config/color rev=2", "value: blue",
 		"PUT demo/config/size rev=3", "value: large",
@@ -30,11 +71,11 @@ func TestDemo(t *testing.T) {
 		"DELETE demo/config/size rev=5", "previous: large",
 		"demo done: every write arrived",
 	}
-	got := out.String()
+	all := got
 	for _, line := range want {
 		i := strings.Index(got, line)
 		if i < 0 {
-			t.Fatalf("output lacks %q in order:\n%s", line, out.String())
+			t.Fatalf("output lacks %q in order:\n%s", line, all)
 		}
 		got = got[i+len(line):]
 	}
