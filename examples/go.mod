@@ -4,12 +4,12 @@ go 1.26.0
 
 replace (
 	github.com/etcdwatch/etcdwatch => ../
-	github.com/etcdwatch/etcdwatch/internal/e2e => ../internal/e2e
+	github.com/etcdwatch/etcdwatch/etcdwatchtest => ../etcdwatchtest
 )
 
 require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000
-	github.com/etcdwatch/etcdwatch/internal/e2e v0.0.0-00010101000000-000000000000
+	github.com/etcdwatch/etcdwatch/etcdwatchtest v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
 	google.golang.org/grpc v1.85.0

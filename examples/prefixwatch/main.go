@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 func main() {
@@ -59,7 +59,7 @@ func run(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch.R
 			return err
 		}
 		defer os.RemoveAll(dir)
-		srv, err := embedded.Start(dir)
+		srv, err := etcdwatchtest.StartEtcdIn(dir)
 		if err != nil {
 			return err
 		}

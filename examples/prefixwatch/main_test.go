@@ -10,17 +10,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // TestMain checks that nothing outlives the tests but the idle peer HTTP
 // connections of stopped etcd members, which close on their own.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-		goleak.IgnoreAnyFunction("net/http.(*conn).serve"))
+	goleak.VerifyTestMain(m, etcdwatchtest.LeakOptions()...)
 }
 
 // TestDemo runs the example as `make run` does and checks that every demo
@@ -38,15 +34,7 @@ func TestDemo(t *testing.T) {
 // TestSeveralEndpoints: the example takes several members and watches
 // through whichever is up, here with the first one stopped.
 func TestSeveralEndpoints(t *testing.T) {
-	members, err := embedded.StartCluster(t.TempDir(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, m := range members {
-			m.Stop()
-		}
-	}()
+	members := etcdwatchtest.StartCluster(t, 3)
 	members[0].Stop()
 	var eps []string
 	for _, m := range members {

@@ -11,7 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 var (
@@ -38,7 +38,7 @@ var (
 // up through etcd's unsynced-watcher loop, which runs every 100 ms, so
 // every contender's resume includes up to that much.
 func runCuts(c contender, rep int) (result, error) {
-	proxy, err := faults.NewProxy(etcdEndpoint)
+	proxy, err := etcdwatchtest.ListenProxy(etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}

@@ -4,12 +4,12 @@ go 1.26.0
 
 replace (
 	github.com/etcdwatch/etcdwatch => ../..
-	github.com/etcdwatch/etcdwatch/internal/e2e => ../e2e
+	github.com/etcdwatch/etcdwatch/etcdwatchtest => ../../etcdwatchtest
 )
 
 require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000
-	github.com/etcdwatch/etcdwatch/internal/e2e v0.0.0-00010101000000-000000000000
+	github.com/etcdwatch/etcdwatch/etcdwatchtest v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	google.golang.org/grpc v1.85.0
@@ -57,6 +57,7 @@ require (
 	go.opentelemetry.io/otel/sdk v1.45.0 // indirect
 	go.opentelemetry.io/otel/trace v1.45.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.1 // indirect
 	go.yaml.in/yaml/v2 v2.4.3 // indirect

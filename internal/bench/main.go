@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 var (
@@ -78,7 +78,7 @@ func main() {
 	dir, err := os.MkdirTemp("", "etcdwatch-bench-")
 	check(err)
 	defer os.RemoveAll(dir)
-	srv, err := embedded.Start(dir)
+	srv, err := etcdwatchtest.StartEtcdIn(dir)
 	check(err)
 	defer srv.Stop()
 	etcdEndpoint = srv.Endpoint

@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 var (
@@ -47,7 +47,7 @@ func runQuorum(c contender, rep int) (result, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	members, err := embedded.StartCluster(dir, 3)
+	members, err := etcdwatchtest.StartClusterIn(dir, 3)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func requireLeader(c contender, addr string) contender {
 // stopMembers stops the members together: one at a time, a leader's stop
 // waits for a leadership transfer, which costs a second and measures
 // nothing.
-func stopMembers(members []*embedded.Server) {
+func stopMembers(members []*etcdwatchtest.Server) {
 	var wg sync.WaitGroup
 	for _, m := range members {
 		wg.Go(m.Stop)
@@ -121,12 +121,12 @@ func stopMembers(members []*embedded.Server) {
 }
 
 // notLeader returns a member that is not the leader, and the others.
-func notLeader(members []*embedded.Server) (*embedded.Server, []*embedded.Server) {
+func notLeader(members []*etcdwatchtest.Server) (*etcdwatchtest.Server, []*etcdwatchtest.Server) {
 	k := 0
 	for members[k].IsLeader() {
 		k++
 	}
-	var others []*embedded.Server
+	var others []*etcdwatchtest.Server
 	for i, m := range members {
 		if i != k {
 			others = append(others, m)

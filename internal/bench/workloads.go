@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 
-	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // runCreate times opening N watches on distinct keys until all are confirmed.
@@ -76,7 +76,7 @@ func (a *arrivals) wait(d time.Duration) error {
 // runResume cuts every connection under N live watches and times until
 // every watch has delivered a write made after the cut.
 func runResume(c contender, rep int) (result, error) {
-	proxy, err := faults.NewProxy(etcdEndpoint)
+	proxy, err := etcdwatchtest.ListenProxy(etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}

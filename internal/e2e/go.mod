@@ -2,10 +2,14 @@ module github.com/etcdwatch/etcdwatch/internal/e2e
 
 go 1.26.0
 
-replace github.com/etcdwatch/etcdwatch => ../..
+replace (
+	github.com/etcdwatch/etcdwatch => ../..
+	github.com/etcdwatch/etcdwatch/etcdwatchtest => ../../etcdwatchtest
+)
 
 require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000
+	github.com/etcdwatch/etcdwatch/etcdwatchtest v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3

@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // committedAfter waits until the writer has committed a transaction that it
@@ -66,7 +66,7 @@ func canceledOnly(t *testing.T, recs []*recording) {
 func TestCutSeries(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
-	proxy := proxied(t, etcd.Endpoint)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	proxy.SetDelay(2 * time.Millisecond)
 	s := openOn(t, []string{proxy.Addr()})
 	start := currentRevision(t, kv) + 1
@@ -101,16 +101,10 @@ func TestCutSeries(t *testing.T) {
 // back; the watches, never ended, must deliver every committed write once.
 func TestQuorumLossUnderRequireLeader(t *testing.T) {
 	leakCheck(t)
-	members, err := embedded.StartCluster(t.TempDir(), 3)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, m := range members {
-			m.Stop()
-		}
-	})
-	var served *embedded.Server
+	members := etcdwatchtest.StartCluster(t, 3)
+	var served *etcdwatchtest.Server
 	var others, endpoints []string
-	var killed []*embedded.Server
+	var killed []*etcdwatchtest.Server
 	for _, m := range members {
 		endpoints = append(endpoints, m.Endpoint)
 		if served == nil && !m.IsLeader() {

@@ -20,14 +20,14 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // wait bounds every wait; nothing is timed.
 const wait = 30 * time.Second
 
 // etcd is the member shared by the tests; each test uses its own key prefix.
-var etcd *embedded.Server
+var etcd *etcdwatchtest.Server
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -40,7 +40,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	etcd, err = embedded.Start(dir, func(c *embed.Config) {
+	etcd, err = etcdwatchtest.StartEtcdIn(dir, func(c *embed.Config) {
 		c.MaxRequestBytes = maxRequestBytes
 	})
 	if err != nil {
@@ -50,21 +50,12 @@ func run(m *testing.M) int {
 	code := m.Run()
 	etcd.Stop()
 	if code == 0 {
-		if err := goleak.Find(etcdLeftovers...); err != nil {
+		if err := goleak.Find(etcdwatchtest.LeakOptions()...); err != nil {
 			fmt.Fprintln(os.Stderr, "goleak:", err)
 			return 1
 		}
 	}
 	return code
-}
-
-// etcdLeftovers are goroutines of stopped etcd members: idle peer HTTP
-// connections that close on their own. They are etcd's, not the client's.
-var etcdLeftovers = []goleak.Option{
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
-	goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
 }
 
 // leakCheck makes the test fail if a goroutine of the client (or of this

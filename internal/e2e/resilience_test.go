@@ -13,33 +13,14 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // fastRetry keeps reconnection delays short in tests.
 var fastRetry = etcdwatch.WithReconnectBackoff(10*time.Millisecond, 200*time.Millisecond)
 
-// proxied starts a fault proxy to endpoint, closed when the test ends.
-func proxied(t *testing.T, endpoint string) *faults.Proxy {
-	t.Helper()
-	p, err := faults.NewProxy(endpoint)
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	return p
-}
-
 // clientFor returns an official client on endpoints, for writing; it
 // reconnects to a restarted member within a second.
-// startMember starts a member of its own for the test, stopped when it ends.
-func startMember(t *testing.T) *embedded.Server {
-	t.Helper()
-	member, err := embedded.Start(t.TempDir())
-	require.NoError(t, err)
-	t.Cleanup(member.Stop)
-	return member
-}
-
 func clientFor(t *testing.T, endpoints ...string) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: wait, DialOptions: []grpc.DialOption{
@@ -127,7 +108,7 @@ func flowingAgain(t *testing.T, s *etcdwatch.Stream, created uint64, n int, w *w
 func TestResumeAcrossConnectionCuts(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
-	proxy := proxied(t, etcd.Endpoint)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
 	start := currentRevision(t, kv) + 1
 	prefix := unique("cuts")
@@ -150,7 +131,7 @@ func TestResumeAcrossConnectionCuts(t *testing.T) {
 // TestResumeAfterMemberRestart stops and restarts the member a stream is on.
 func TestResumeAfterMemberRestart(t *testing.T) {
 	leakCheck(t)
-	member := startMember(t)
+	member := etcdwatchtest.StartEtcd(t)
 	kv := clientFor(t, member.Endpoint)
 	s := openOn(t, []string{member.Endpoint}, fastRetry)
 	start := currentRevision(t, kv) + 1
@@ -175,7 +156,7 @@ func TestResumeAfterMemberRestart(t *testing.T) {
 func TestBlackholedConnectionIsReplaced(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
-	proxy := proxied(t, etcd.Endpoint)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry, etcdwatch.WithLiveness(time.Second, time.Second))
 	start := currentRevision(t, kv) + 1
 	prefix := unique("blackhole")
@@ -203,7 +184,7 @@ func TestBlackholedConnectionIsReplaced(t *testing.T) {
 func TestCompactionWhileDisconnected(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
-	proxy := proxied(t, etcd.Endpoint)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
 	first, err := kv.Put(ctx(t), "gap/k", "0")
 	require.NoError(t, err)
@@ -239,7 +220,7 @@ func TestCompactionWhileDisconnected(t *testing.T) {
 func TestManyWatchesResumeAfterCut(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
-	proxy := proxied(t, etcd.Endpoint)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
 	const n = 5000
 	watches := make([]*etcdwatch.Watch, n)
@@ -288,13 +269,7 @@ func TestManyWatchesResumeAfterCut(t *testing.T) {
 // require-leader; every watch must deliver its exact history.
 func TestMemberKillsInCluster(t *testing.T) {
 	leakCheck(t)
-	members, err := embedded.StartCluster(t.TempDir(), 3)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, m := range members {
-			m.Stop()
-		}
-	})
+	members := etcdwatchtest.StartCluster(t, 3)
 	var endpoints []string
 	for _, m := range members {
 		endpoints = append(endpoints, m.Endpoint)
@@ -304,10 +279,10 @@ func TestMemberKillsInCluster(t *testing.T) {
 	start := currentRevision(t, kv) + 1
 	recs := watchSet(t, s, "cluster/", start)
 	w := startWriter(t, kv, "cluster/", 10)
-	order := []*embedded.Server{}
+	order := []*etcdwatchtest.Server{}
 	for _, m := range members {
 		if m.IsLeader() {
-			order = append([]*embedded.Server{m}, order...)
+			order = append([]*etcdwatchtest.Server{m}, order...)
 		} else {
 			order = append(order, m)
 		}
@@ -330,7 +305,7 @@ func TestMemberKillsInCluster(t *testing.T) {
 // the rest.
 func TestClientV3ConnectionWithAuth(t *testing.T) {
 	leakCheck(t)
-	member := startMember(t)
+	member := etcdwatchtest.StartEtcd(t)
 	root := clientFor(t, member.Endpoint)
 	c := ctx(t)
 	for _, step := range []func() error{

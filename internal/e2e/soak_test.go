@@ -12,8 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/embedded"
-	"github.com/etcdwatch/etcdwatch/internal/e2e/faults"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // TestSoak mixes faults at random for ETCDWATCH_SOAK (a duration, e.g. 5m)
@@ -25,18 +24,12 @@ func TestSoak(t *testing.T) {
 	if err != nil || d <= 0 {
 		t.Skip("set ETCDWATCH_SOAK to a duration to soak")
 	}
-	members, err := embedded.StartCluster(t.TempDir(), 3)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, m := range members {
-			m.Stop()
-		}
-	})
+	members := etcdwatchtest.StartCluster(t, 3)
 	var endpoints, proxyAddrs []string
-	var proxies []*faults.Proxy
+	var proxies []*etcdwatchtest.Proxy
 	for _, m := range members {
 		endpoints = append(endpoints, m.Endpoint)
-		p := proxied(t, m.Endpoint)
+		p := etcdwatchtest.NewProxy(t, m.Endpoint)
 		proxies = append(proxies, p)
 		proxyAddrs = append(proxyAddrs, p.Addr())
 	}

@@ -1,16 +1,20 @@
-// Package faults injects network faults between a client and etcd: a TCP
-// proxy on loopback that can cut every connection, refuse new ones, add
-// delay, or silently blackhole the connections it carries.
-package faults
+package etcdwatchtest
 
 import (
 	"net"
 	"sync"
+	"testing"
 	"time"
 )
 
-// Proxy forwards TCP connections from its loopback address to a target.
-// Its methods are safe for concurrent use.
+// Proxy forwards TCP connections from a port on 127.0.0.1 to a target, and
+// injects faults into them on demand: it cuts every connection, refuses new
+// ones, delays what it forwards, or silently stops forwarding. Put one
+// between a client and a [Server] (connect the client to Addr) to see what
+// the client does when its connection fails. A Proxy forwards bytes, not
+// messages: a fault lands wherever the byte stream happens to be. Its
+// methods are safe for concurrent use; after Close, Cut, Refuse, SetDelay
+// and Blackhole do nothing and new connections are refused.
 type Proxy struct {
 	target string
 	ln     net.Listener
@@ -18,6 +22,7 @@ type Proxy struct {
 
 	mu       sync.Mutex
 	links    map[*link]struct{}
+	closed   bool
 	refusing bool
 	delay    time.Duration
 	accepted int
@@ -30,8 +35,24 @@ type link struct {
 	blackholed     bool // bytes are read and dropped
 }
 
-// NewProxy listens on 127.0.0.1:0 and forwards to target.
-func NewProxy(target string) (*Proxy, error) {
+// NewProxy starts a Proxy to target (a host:port, usually a [Server]'s
+// Endpoint) on a port the kernel picks. It fails the test if it cannot
+// listen, and closes the Proxy when the test ends.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	p, err := ListenProxy(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// ListenProxy starts a Proxy to target (a host:port) on a port the kernel
+// picks, 127.0.0.1:0. It dials target for each connection it accepts, not
+// now: a target that is down makes the proxy close the connections it
+// accepts. The caller closes the Proxy.
+func ListenProxy(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -42,10 +63,11 @@ func NewProxy(target string) (*Proxy, error) {
 	return p, nil
 }
 
-// Addr is the host:port clients connect to.
+// Addr is the host:port clients connect to. It does not change.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Cut closes every open connection and returns how many there were.
+// Cut closes every open connection and returns how many there were. Both
+// ends see the connection closed. New connections are forwarded as before.
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -56,14 +78,18 @@ func (p *Proxy) Cut() int {
 	return n
 }
 
-// Refuse makes the proxy close new connections at once (on) or forward them (off).
+// Refuse makes the proxy close new connections as soon as it accepts them
+// (on), or forward them again (off). Open connections are not affected.
 func (p *Proxy) Refuse(on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refusing = on
 }
 
-// SetDelay delays every chunk forwarded from now on by d.
+// SetDelay delays every chunk of bytes forwarded from now on, in either
+// direction and on every connection, by d; 0 ends the delay. Chunks of one
+// direction of a connection stay in order, so the delay adds up when the
+// sender is faster than one chunk per d.
 func (p *Proxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -85,15 +111,20 @@ func (p *Proxy) Blackhole() int {
 	return len(p.links)
 }
 
-// Accepted returns how many connections the proxy has forwarded.
+// Accepted returns how many connections the proxy has forwarded since it
+// started, open or not; refused ones do not count.
 func (p *Proxy) Accepted() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.accepted
 }
 
-// Close stops the proxy, closes every connection and waits for its goroutines.
+// Close stops listening, closes every connection and returns once every
+// goroutine of the proxy has exited. Closing it again does nothing more.
 func (p *Proxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
 	p.ln.Close()
 	p.Cut()
 	p.wg.Wait()
@@ -120,6 +151,11 @@ func (p *Proxy) accept() {
 		}
 		l := &link{client: c, server: s}
 		p.mu.Lock()
+		if p.closed { // accepted while Close ran: Cut has already been
+			p.mu.Unlock()
+			l.close()
+			return
+		}
 		p.links[l] = struct{}{}
 		p.accepted++
 		p.mu.Unlock()
