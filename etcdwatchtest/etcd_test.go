@@ -1,0 +1,169 @@
+package etcdwatchtest_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+)
+
+// wait bounds every wait; nothing is timed.
+const wait = 30 * time.Second
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// dial returns a connection to srv, closed when the test ends.
+func dial(t *testing.T, srv *etcdwatchtest.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := srv.Dial(opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	return conn
+}
+
+func put(t *testing.T, conn *grpc.ClientConn, key, value string) int64 {
+	t.Helper()
+	resp, err := pb.NewKVClient(conn).Put(testContext(t), &pb.PutRequest{Key: []byte(key), Value: []byte(value)})
+	require.NoError(t, err)
+	return resp.Header.Revision
+}
+
+func get(t *testing.T, conn *grpc.ClientConn, key string) string {
+	t.Helper()
+	resp, err := pb.NewKVClient(conn).Range(testContext(t), &pb.RangeRequest{Key: []byte(key)})
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	return string(resp.Kvs[0].Value)
+}
+
+// TestStartEtcd is a user's test of watch code, and checks that the member
+// it starts serves, keeps its data in the test's temporary directory, and
+// is stopped when the test ends.
+func TestStartEtcd(t *testing.T) {
+	var srv *etcdwatchtest.Server
+	t.Run("user", func(t *testing.T) {
+		srv = etcdwatchtest.StartEtcd(t)
+		require.True(t, strings.HasPrefix(srv.Endpoint, "127.0.0.1:"), srv.Endpoint)
+		conn := dial(t, srv)
+		s, err := etcdwatch.Open(conn)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, s.Close()) })
+		w, err := s.Watch(testContext(t), etcdwatch.Prefix("app/"))
+		require.NoError(t, err)
+		rev := put(t, conn, "app/color", "blue")
+		r := <-w.Responses()
+		require.Len(t, r.Events, 1)
+		require.Equal(t, "app/color", string(r.Events[0].Key))
+		require.Equal(t, rev, r.Events[0].ModRevision)
+		require.True(t, srv.HasLeader())
+		require.True(t, srv.IsLeader(), "a member alone leads")
+	})
+	require.False(t, srv.HasLeader(), "stopped when the test ended")
+}
+
+// TestRestart: a restarted member keeps its data and its endpoint; Stop
+// and Restart refuse or ignore a second call.
+func TestRestart(t *testing.T) {
+	srv := etcdwatchtest.StartEtcd(t)
+	endpoint := srv.Endpoint
+	conn := dial(t, srv)
+	put(t, conn, "k", "v")
+	require.Error(t, srv.Restart(), "the member is running")
+	srv.Stop()
+	srv.Stop()
+	require.False(t, srv.HasLeader())
+	require.False(t, srv.IsLeader())
+	require.NoError(t, srv.Restart())
+	require.Equal(t, endpoint, srv.Endpoint)
+	require.Equal(t, "v", get(t, conn, "k"), "on the same connection, after a restart")
+}
+
+// TestStartCluster: every member serves and knows the leader; options
+// apply to each member; a stopped leader is replaced and comes back as a
+// follower.
+func TestStartCluster(t *testing.T) {
+	var members []*etcdwatchtest.Server
+	t.Run("user", func(t *testing.T) { members = userOfCluster(t) })
+	for _, m := range members {
+		require.False(t, m.HasLeader(), "%s stopped when the test ended", m.Name)
+	}
+}
+
+func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
+	var configured []string
+	members := etcdwatchtest.StartCluster(t, 3, func(c *embed.Config) {
+		configured = append(configured, c.Name)
+	})
+	require.Len(t, members, 3)
+	require.Equal(t, []string{"m0", "m1", "m2"}, configured)
+	var leader *etcdwatchtest.Server
+	for i, m := range members {
+		require.Equal(t, configured[i], m.Name)
+		require.True(t, m.HasLeader(), m.Name)
+		if m.IsLeader() {
+			require.Nil(t, leader, "two leaders")
+			leader = m
+		}
+	}
+	require.NotNil(t, leader)
+	put(t, dial(t, leader), "k", "v")
+
+	leader.Stop()
+	require.False(t, leader.HasLeader())
+	require.Eventually(t, func() bool {
+		for _, m := range members {
+			if m.IsLeader() {
+				return true
+			}
+		}
+		return false
+	}, wait, 10*time.Millisecond, "no new leader")
+	require.NoError(t, leader.Restart())
+	require.Eventually(t, leader.HasLeader, wait, 10*time.Millisecond)
+	require.Equal(t, "v", get(t, dial(t, leader), "k"))
+	return members
+}
+
+// TestOption: an Option changes the member's configuration, here to accept
+// a request larger than etcd's default limit of 1.5 MiB.
+func TestOption(t *testing.T) {
+	srv := etcdwatchtest.StartEtcd(t, func(c *embed.Config) { c.MaxRequestBytes = 4 << 20 })
+	conn := dial(t, srv)
+	put(t, conn, "big", strings.Repeat("x", 2<<20))
+}
+
+// TestStartClusterIn: the form that returns errors keeps its data under
+// the given directory and refuses a cluster without members; StopAll stops
+// every member.
+func TestStartClusterIn(t *testing.T) {
+	dir := t.TempDir()
+	members, err := etcdwatchtest.StartClusterIn(dir, 3)
+	require.NoError(t, err)
+	defer etcdwatchtest.StopAll(members...) // on failure
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.NotEmpty(t, entries)
+	put(t, dial(t, members[0]), "k", "v")
+	start := time.Now()
+	etcdwatchtest.StopAll(members...)
+	t.Logf("StopAll took %v", time.Since(start))
+	for _, m := range members {
+		require.False(t, m.HasLeader(), m.Name)
+	}
+
+	_, err = etcdwatchtest.StartClusterIn(t.TempDir(), 0)
+	require.Error(t, err)
+}
