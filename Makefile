@@ -5,7 +5,7 @@ SHELL := bash
 # The root module and the nested modules that need a real etcd.
 # The bench module has no tests (vet only); it goes first so that the run
 # closes on test results.
-MODULES := internal/bench . internal/e2e examples
+MODULES := internal/bench . etcdwatchtest internal/e2e examples
 FUZZTIME ?= 30s
 SOAK ?= 5m
 
