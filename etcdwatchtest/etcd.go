@@ -25,7 +25,8 @@ import (
 // every member of a cluster, after the defaults and the loopback URLs are
 // set; the member's name and URLs are read back after it, so an Option may
 // change them too. Options run before the constructor returns and are not
-// kept.
+// kept; a start tried again on fresh ports (see StartClusterIn) runs them
+// again, so an Option should set fields and do nothing else.
 type Option func(*embed.Config)
 
 // Server is one etcd member running in this process. Name and Endpoint are
