@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -16,7 +17,7 @@ import (
 
 var (
 	cutsN        = flag.Int("cuts", 10, "cuts: connection cuts in a series")
-	cutsEvery    = flag.Duration("cuts-every", 400*time.Millisecond, "cuts: time between cuts")
+	cutsEvery    = flag.Duration("cuts-every", 400*time.Millisecond, "cuts: mean time between cuts (each gap drawn from ±1/8 of it)")
 	cutsDelay    = flag.Duration("cuts-delay", 2*time.Millisecond, "cuts: delay the proxy adds each way")
 	cutsWatches  = flag.Int("cuts-watches", 1, "cuts: watches on the written prefix")
 	cutsPutEvery = flag.Duration("cuts-put-every", time.Millisecond, "cuts: the writer's interval between puts")
@@ -36,7 +37,8 @@ var (
 // -cuts-every, a cut's resume ends after the next cut; each is still
 // timed from its own cut. A watch re-created from a past revision catches
 // up through etcd's unsynced-watcher loop, which runs every 100 ms, so
-// every contender's resume includes up to that much.
+// every contender's resume includes up to that much, depending on where
+// the cut falls in that period: hence the gaps between cuts vary.
 func runCuts(c contender, rep int) (result, error) {
 	proxy, err := etcdwatchtest.ListenProxy(etcdEndpoint)
 	if err != nil {
@@ -69,11 +71,12 @@ func runCuts(c contender, rep int) (result, error) {
 		return nil, fmt.Errorf("before the cuts: %w", err)
 	}
 	cuts := make([]time.Time, *cutsN)
-	start := time.Now()
+	next := time.Now()
 	for i := range cuts {
-		time.Sleep(time.Until(start.Add(time.Duration(i) * *cutsEvery)))
+		time.Sleep(time.Until(next))
 		cuts[i] = time.Now()
 		proxy.Cut()
+		next = next.Add(cutGap(*cutsEvery))
 	}
 	resumes := make([]float64, len(cuts))
 	for i, at := range cuts {
@@ -92,6 +95,13 @@ func runCuts(c contender, rep int) (result, error) {
 	}
 	slices.Sort(resumes)
 	return result{"p50_ms": quantile(resumes, 0.5), "max_ms": resumes[len(resumes)-1]}, nil
+}
+
+// cutGap returns a gap between cuts: uniform within ±1/8 of every. Cuts at a
+// fixed interval that is a multiple of etcd's 100 ms sync period would all
+// fall at one phase of it, and a series would measure one resume ten times.
+func cutGap(every time.Duration) time.Duration {
+	return every - every/8 + rand.N(every/4+1)
 }
 
 // writer puts to a prefix at an interval, one put at a time, and records
