@@ -99,7 +99,7 @@ type session struct {
 	opened chan struct{}      // closed by recvLoop once the stream is open
 	dead   chan struct{}      // closed by exit
 	err    error              // why the session ended; read after dead is closed
-	ahead  atomic.Int64       // bytes of the responses in recv
+	ahead  atomic.Int64       // bytes of the big messages in recv
 	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
 	once   sync.Once
 	wg     sync.WaitGroup // recvLoop and sendLoop
@@ -108,13 +108,18 @@ type session struct {
 // readAhead is how many responses recvLoop may decode ahead of the
 // dispatcher. It lets both run at once, and the dispatcher take a burst in
 // one wake-up: on 2 cores it lifts 1-event responses from about 300k to
-// 450k a second. Beyond 16 nothing more was gained. readAheadBytes bounds
-// their size as well: while a watch catches up, etcd sends up to 1,000
-// revisions in one message. recvLoop reads on only while less than that
+// 450k a second. Beyond 16 nothing more was gained.
+//
+// readAheadBytes bounds their size as well: while a watch catches up, etcd
+// sends up to 1,000 revisions in one message. Only messages of bigMessage
+// or more are counted against it, so that the small ones of a busy stream
+// cost no shared counter: those waiting add up to 16 times bigMessage at
+// most. recvLoop reads on only while less than readAheadBytes of big ones
 // waits, so at most one message goes beyond it.
 const (
 	readAhead      = 16
 	readAheadBytes = 4 << 20
+	bigMessage     = 64 << 10
 )
 
 func startSession(open opener) *session {
@@ -165,14 +170,19 @@ func (s *session) recvLoop(open opener) error {
 		}
 	}()
 	var resp wireResponse // decoded into, then copied to the dispatcher
+	full := false         // readAheadBytes of big messages wait for the dispatcher
 	for {
-		if err := s.awaitRoom(); err != nil {
-			return err
+		if full {
+			if err := s.awaitRoom(); err != nil {
+				return err
+			}
 		}
 		if err := ws.Recv(&resp); err != nil {
 			return err
 		}
-		s.ahead.Add(int64(resp.size))
+		if resp.size >= bigMessage {
+			full = s.ahead.Add(int64(resp.size)) >= readAheadBytes
+		}
 		if err := s.hand(resp); err != nil {
 			return err
 		}
@@ -195,7 +205,7 @@ func (s *session) hand(resp wireResponse) error {
 	}
 }
 
-// awaitRoom waits while readAheadBytes of responses wait for the dispatcher.
+// awaitRoom waits while readAheadBytes of big messages wait for the dispatcher.
 func (s *session) awaitRoom() error {
 	for s.ahead.Load() >= readAheadBytes {
 		select {
@@ -210,6 +220,9 @@ func (s *session) awaitRoom() error {
 // took tells recvLoop that the dispatcher has taken a response of n bytes.
 // Called by the dispatcher for every response it receives from recv.
 func (s *session) took(n int) {
+	if n < bigMessage {
+		return // not counted
+	}
 	if left := s.ahead.Add(-int64(n)); left < readAheadBytes && left+int64(n) >= readAheadBytes {
 		select {
 		case s.room <- struct{}{}:
