@@ -7,6 +7,8 @@ SHELL := bash
 # closes on test results.
 MODULES := internal/bench . etcdwatchtest internal/e2e examples
 FUZZTIME ?= 30s
+# staticcheck, pinned; fetched from the module proxy on first use.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SOAK ?= 5m
 
 .PHONY: test run fuzz lint soak bench
@@ -41,4 +43,7 @@ fuzz:
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
-	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff); done
+	@set -e; for m in $(MODULES); do \
+		echo "== lint $$m"; \
+		(cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) run $(STATICCHECK) ./...); \
+	done
