@@ -11,6 +11,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
@@ -23,78 +24,132 @@ var (
 	cutsPutEvery = flag.Duration("cuts-put-every", time.Millisecond, "cuts: the writer's interval between puts")
 )
 
-// runCuts cuts the watch connection -cuts times, -cuts-every apart, while a
-// writer puts to the watched prefix every -cuts-put-every (straight to etcd,
-// not through the proxy). The watches go through a fault proxy that adds
-// -cuts-delay each way; a cut closes both sides of every connection.
+// runCuts runs every contender through the same series of cuts at once:
+// each watches the prefix through a fault proxy of its own, which adds
+// -cuts-delay each way, and -cuts times, about -cuts-every apart, every
+// proxy closes both sides of every connection, one right after another (in
+// an order that rotates). A writer puts to the prefix every -cuts-put-every,
+// straight to etcd, not through a proxy.
 //
-// A cut's resume is the time from the cut to when every watch has got the
-// first event committed after it. "Committed after the cut" is judged from
-// the writer's side, which writes one put at a time: R is the revision of
-// the last put that was sent before the cut (whether it was acknowledged
-// before or after), and the first new event is revision R+1, which could
-// only be committed after the cut. When resumes take longer than
-// -cuts-every, a cut's resume ends after the next cut; each is still
-// timed from its own cut. A watch re-created from a past revision catches
-// up through etcd's unsynced-watcher loop, which runs every 100 ms, so
-// every contender's resume includes up to that much, depending on where
-// the cut falls in that period: hence the gaps between cuts vary.
-func runCuts(c contender, rep int) (result, error) {
-	proxy, err := etcdwatchtest.ListenProxy(etcdEndpoint)
+// The contenders go together because a watch re-created from a past
+// revision catches up through etcd's unsynced-watcher loop, which runs every
+// 100 ms: a resume includes up to that much, depending on where the cut
+// falls in that period. Cut together, the contenders meet the same period
+// at the same phase, so that what differs between them is their own doing;
+// and the gaps between cuts vary, so that a series meets every phase.
+//
+// A cut's resume is the time from the cut to when every watch of a
+// contender has got the first event committed after it. "Committed after
+// the cut" is judged from the writer's side, which writes one put at a time:
+// R is the revision of the last put that was sent before the cut (whether it
+// was acknowledged before or after), and the first new event is revision
+// R+1, which could only be committed after the cut. When resumes take
+// longer than -cuts-every, a cut's resume ends after the next cut; each is
+// still timed from its own cut.
+func runCuts(cs []contender, rep int) (map[string]result, error) {
+	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
 	if err != nil {
 		return nil, err
 	}
-	defer proxy.Close()
-	proxy.SetDelay(*cutsDelay)
-	conn, kv, closeAll, err := connAndWriter(proxy.Addr(), etcdEndpoint)
-	if err != nil {
-		return nil, err
-	}
-	defer closeAll()
-	prefix := fmt.Sprintf("bench/cuts/%s/%d/", c.name(), rep)
+	defer kv.Close()
+	prefix := fmt.Sprintf("bench/cuts/%d/", rep)
 	ctx, cancel := timeout()
 	defer cancel()
 	series := *cutsEvery * time.Duration(*cutsN)
-	log := newDeliveryLog(*cutsWatches, int(series / *cutsPutEvery)+100)
-	stop, err := withEndpoint(c, proxy.Addr()).watch(ctx, conn, repeat(*cutsWatches, spec{key: prefix, prefix: true}), log.sink)
-	if err != nil {
-		return nil, err
+	watchers := make([]*cutWatcher, len(cs))
+	for i, c := range cs {
+		cw, err := startCutWatcher(ctx, c, prefix, int(series / *cutsPutEvery)+100)
+		if err != nil {
+			return nil, err
+		}
+		defer cw.close()
+		watchers[i] = cw
 	}
-	defer stop()
 	w := startWriter(ctx, kv, prefix, *cutsPutEvery)
 	defer w.stop()
 	flowing, err := w.lastSentBefore(time.Now())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := log.wait(flowing, time.Minute); err != nil {
-		return nil, fmt.Errorf("before the cuts: %w", err)
+	for _, cw := range watchers {
+		if _, err := cw.log.wait(flowing, time.Minute); err != nil {
+			return nil, fmt.Errorf("%s, before the cuts: %w", cw.name, err)
+		}
 	}
 	cuts := make([]time.Time, *cutsN)
 	next := time.Now()
 	for i := range cuts {
 		time.Sleep(time.Until(next))
 		cuts[i] = time.Now()
-		proxy.Cut()
+		for k := range watchers {
+			watchers[(k+i)%len(watchers)].proxy.Cut()
+		}
 		next = next.Add(cutGap(*cutsEvery))
 	}
+	results := map[string]result{}
+	for _, cw := range watchers {
+		r, err := cw.resumes(w, cuts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", cw.name, err)
+		}
+		results[cw.name] = r
+	}
+	return results, w.stop()
+}
+
+// cutWatcher is one contender's watches in a cut series, behind a proxy of
+// their own.
+type cutWatcher struct {
+	name  string
+	proxy *etcdwatchtest.Proxy
+	conn  *grpc.ClientConn
+	log   *deliveryLog
+	stop  func()
+}
+
+func startCutWatcher(ctx context.Context, c contender, prefix string, capacity int) (*cutWatcher, error) {
+	proxy, err := etcdwatchtest.ListenProxy(etcdEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	proxy.SetDelay(*cutsDelay)
+	conn, err := dial(proxy.Addr())
+	if err != nil {
+		proxy.Close()
+		return nil, err
+	}
+	cw := &cutWatcher{name: c.name(), proxy: proxy, conn: conn, log: newDeliveryLog(*cutsWatches, capacity)}
+	cw.stop, err = withEndpoint(c, proxy.Addr()).watch(ctx, conn, repeat(*cutsWatches, spec{key: prefix, prefix: true}), cw.log.sink)
+	if err != nil {
+		conn.Close()
+		proxy.Close()
+		return nil, err
+	}
+	return cw, nil
+}
+
+// resumes returns the median and the highest resume over cuts.
+func (cw *cutWatcher) resumes(w *writer, cuts []time.Time) (result, error) {
 	resumes := make([]float64, len(cuts))
 	for i, at := range cuts {
 		r, err := w.lastSentBefore(at)
 		if err != nil {
 			return nil, err
 		}
-		got, err := log.wait(r+1, time.Minute)
+		got, err := cw.log.wait(r+1, time.Minute)
 		if err != nil {
 			return nil, fmt.Errorf("after cut %d: %w", i, err)
 		}
 		resumes[i] = ms(got.Sub(at))
 	}
-	if err := w.stop(); err != nil {
-		return nil, err
-	}
 	slices.Sort(resumes)
 	return result{"p50_ms": quantile(resumes, 0.5), "max_ms": resumes[len(resumes)-1]}, nil
+}
+
+func (cw *cutWatcher) close() {
+	cw.stop()
+	cw.conn.Close()
+	cw.proxy.Close()
 }
 
 // cutGap returns a gap between cuts: uniform within ±1/8 of every. Cuts at a

@@ -56,6 +56,8 @@ type workload struct {
 	more int
 	// reps, when set, replaces -reps for a workload too slow for it.
 	reps *int
+	// together, when set instead of run, runs every contender at once.
+	together func(cs []contender, rep int) (map[string]result, error)
 }
 
 var etcdEndpoint string
@@ -90,22 +92,23 @@ func main() {
 	fmt.Printf("# %s, %d CPUs, GOMAXPROCS %d, %d repetitions (resume %dx, cuts %dx, quorum %d), contenders alternating\n", runtime.Version(), runtime.NumCPU(), runtime.GOMAXPROCS(0), *reps, resumeMore, cutsMore, *quorumReps)
 
 	all := []workload{
-		{"create", runCreate, []string{"seconds", "watches_per_s"}, 1, nil},
+		{name: "create", run: runCreate, metrics: []string{"seconds", "watches_per_s"}},
 		// Resumed watches catch up through etcd's unsynced-watcher loop,
 		// which runs every 100ms: where a run falls in its period moves the
 		// figure by up to 100ms, for every contender; see resumeMore.
 		// cpu_seconds, the whole process's CPU time over the same window,
 		// does not depend on that period.
-		{"resume", runResume, []string{"seconds", "cpu_seconds"}, resumeMore, nil},
-		{"fanout", runFanout, []string{"events_per_s", "p50_ms", "p99_ms"}, 1, nil},
-		{"clientonly", runClientOnly, []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}, 1, nil},
-		{"memory", runMemory, []string{"bytes_per_watch", "goroutines_per_watch"}, 1, nil},
-		// Per repetition: the median and the highest resume over the cuts.
-		// Each resume includes up to etcd's 100ms sync period, as resume
-		// does: twice the repetitions.
-		{"cuts", runCuts, []string{"p50_ms", "max_ms"}, cutsMore, nil},
-		{"neighbour", runNeighbour, []string{"p50_ms", "p99_ms", "max_ms", "heap_before_mib", "heap_peak_mib", "heap_after_mib", "heap_after_over_before"}, 1, nil},
-		{"quorum", runQuorum, []string{"ms"}, 1, quorumReps},
+		{name: "resume", run: runResume, metrics: []string{"seconds", "cpu_seconds"}, more: resumeMore},
+		{name: "fanout", run: runFanout, metrics: []string{"events_per_s", "p50_ms", "p99_ms"}},
+		{name: "clientonly", run: runClientOnly, metrics: []string{"events_per_s_100", "events_per_s_1", "allocs_per_event_100", "allocs_per_event_1"}},
+		{name: "memory", run: runMemory, metrics: []string{"bytes_per_watch", "goroutines_per_watch"}},
+		// Per repetition: the median and the highest resume over the cuts,
+		// every contender cut at once (see runCuts). Each resume includes
+		// up to etcd's 100ms sync period, as resume does: twice the
+		// repetitions.
+		{name: "cuts", together: runCuts, metrics: []string{"p50_ms", "max_ms"}, more: cutsMore},
+		{name: "neighbour", run: runNeighbour, metrics: []string{"p50_ms", "p99_ms", "max_ms", "heap_before_mib", "heap_peak_mib", "heap_after_mib", "heap_after_over_before"}},
+		{name: "quorum", run: runQuorum, metrics: []string{"ms"}, reps: quorumReps},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -137,6 +140,18 @@ func runWorkload(w workload) {
 		n = *w.reps
 	}
 	for rep := range n * max(w.more, 1) {
+		if w.together != nil {
+			rs, err := w.together(contenders, rep)
+			if err != nil {
+				fmt.Printf("# %s rep %d failed: %v\n", w.name, rep, err)
+				continue
+			}
+			for name, r := range rs {
+				results[name] = append(results[name], r)
+			}
+			runtime.GC()
+			continue
+		}
 		for k := range contenders { // rotate the order each repetition
 			c := contenders[(k+rep)%len(contenders)]
 			r, err := w.run(c, rep)
