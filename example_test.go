@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -15,8 +16,10 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 )
 
-// These examples need an etcd at 127.0.0.1:2379, so they are compiled but not
-// run here; internal/e2e runs the same code against an embedded etcd.
+// The examples that watch need an etcd at 127.0.0.1:2379, so they are
+// compiled but not run here; internal/e2e runs the same code against an
+// embedded etcd, and the etcdwatchtest module has runnable ones that start
+// their own. The others are run, with their output checked.
 
 func Example() {
 	conn, err := grpc.NewClient("127.0.0.1:2379", grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -85,4 +88,88 @@ func ExampleRequest() {
 	// Output:
 	// keys ["jobs/", "jobs0") <nil>
 	// etcdwatch: invalid request: End "a" must sort after Key "b" (or be "\x00")
+}
+
+func ExampleOpen() {
+	// grpc.NewClient connects lazily: nothing is dialed until a stream opens.
+	conn, err := grpc.NewClient("127.0.0.1:2379", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	// Options are validated together, before anything starts.
+	_, err = etcdwatch.Open(conn, etcdwatch.WithBufferLimit(0))
+	fmt.Println(errors.Is(err, etcdwatch.ErrInvalidArgument), err)
+	// Output:
+	// true etcdwatch: invalid argument: WithBufferLimit(0) must be at least 1
+}
+
+func ExampleStream_State() {
+	var s *etcdwatch.Stream // opened as in the package example
+	st := s.State()
+	if !st.Connected && st.LastError != nil {
+		fmt.Printf("watch stream down since %s: %v\n", st.Since.Format("15:04:05"), st.LastError)
+	}
+}
+
+func ExampleWithCreateTimeout() {
+	var conn *grpc.ClientConn // dialed as in the package example
+	// Give up on a watch the server has not confirmed within 2s, but keep a
+	// confirmed one for as long as its context lasts.
+	s, err := etcdwatch.Open(conn, etcdwatch.WithCreateTimeout(2*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := s.Watch(context.Background(), etcdwatch.Key("config"))
+	if errors.Is(err, etcdwatch.ErrCreateTimeout) {
+		log.Fatalf("etcd did not confirm the watch: %v", err) // says why, if the stream could not open
+	}
+	for r := range w.Responses() {
+		fmt.Println(r.Revision)
+	}
+}
+
+func ExampleWatch_Cancel() {
+	var w *etcdwatch.Watch // from Stream.Watch
+	go func() {
+		for r := range w.Responses() { // ends once Cancel returns
+			fmt.Println(len(r.Events))
+		}
+	}()
+	w.Cancel() // nothing is delivered after this returns
+	fmt.Println(errors.Is(w.Err(), etcdwatch.ErrCanceled))
+}
+
+func ExampleEvent() {
+	for _, e := range []etcdwatch.Event{
+		{Type: etcdwatch.Put, KeyValue: etcdwatch.KeyValue{Key: []byte("a"), Value: []byte("1"), Version: 1, ModRevision: 5}},
+		{Type: etcdwatch.Put, KeyValue: etcdwatch.KeyValue{Key: []byte("a"), Value: []byte("2"), Version: 2, ModRevision: 6},
+			PrevKV: &etcdwatch.KeyValue{Key: []byte("a"), Value: []byte("1"), Version: 1, ModRevision: 5}},
+		{Type: etcdwatch.Delete, KeyValue: etcdwatch.KeyValue{Key: []byte("a"), ModRevision: 7}},
+	} {
+		fmt.Println(e.Type, string(e.Key), e.ModRevision, e.IsCreate(), e.IsModify())
+	}
+	// Output:
+	// PUT a 5 true false
+	// PUT a 6 false true
+	// DELETE a 7 false false
+}
+
+func ExampleResponse_IsProgress() {
+	bookmark := etcdwatch.Response{Header: etcdwatch.Header{Revision: 42}, Revision: 42}
+	fmt.Println(bookmark.IsProgress(), bookmark.Revision)
+	// Output:
+	// true 42
+}
+
+func ExampleCompactedError() {
+	var err error = &etcdwatch.CompactedError{CompactRevision: 90, Revision: 12} // as Watch.Err may return
+	var ce *etcdwatch.CompactedError
+	if errors.As(err, &ce) {
+		fmt.Printf("watch from %d: revisions up to %d are gone; read the keys, then watch from the read's revision + 1\n", ce.Revision, ce.CompactRevision)
+	}
+	fmt.Println(errors.Is(err, etcdwatch.ErrCompacted))
+	// Output:
+	// watch from 12: revisions up to 90 are gone; read the keys, then watch from the read's revision + 1
+	// true
 }
