@@ -1,0 +1,168 @@
+// Package etcdwatchprom exports the counters and state of etcdwatch Streams
+// as Prometheus metrics.
+//
+// A Collector reads Stream.Stats and Stream.State when it is scraped: it
+// runs no goroutine and keeps no copy, so a scrape always shows the values
+// of that moment. Each Collector carries a constant label, stream, naming
+// its Stream, so that several Streams of one program can be registered
+// together:
+//
+//	reg.MustRegister(etcdwatchprom.New("config", configStream))
+//	reg.MustRegister(etcdwatchprom.New("leases", leaseStream))
+//
+// The metrics, all prefixed etcdwatch_, and the fields they come from:
+//
+//	etcdwatch_watches                         gauge    Stats.Watches: watches running now (creating, active or paused)
+//	etcdwatch_paused_watches                  gauge    Stats.Paused: watches paused now because their consumer fell behind
+//	etcdwatch_creates_total                   counter  Stats.Created: created responses accepted, resumes included
+//	etcdwatch_stalls_total                    counter  Stats.Stalls: times the stream waited for a consumer at its buffer limit
+//	etcdwatch_pauses_total                    counter  Stats.Pauses: times a watch was paused
+//	etcdwatch_resumes_total                   counter  Stats.Resumes: times a paused watch was re-created
+//	etcdwatch_responses_total                 counter  Stats.Responses: responses received from the server
+//	etcdwatch_events_total                    counter  Stats.Events: events queued for consumers
+//	etcdwatch_fragments_total                 counter  Stats.Fragments: fragment responses joined into whole revisions
+//	etcdwatch_duplicates_dropped_total        counter  Stats.DuplicatesDropped: events at or below a watch's revision, dropped
+//	etcdwatch_unknown_responses_total         counter  Stats.UnknownResponses: responses for watch ids the stream did not know
+//	etcdwatch_reconnects_total                counter  Stats.Reconnects: gRPC streams replaced after they ended
+//	etcdwatch_watches_resumed_total           counter  Stats.Resumed: watches re-created on a new stream after a reconnect
+//	etcdwatch_ids_rewritten                   gauge    Stats.IDsRewritten: 1 if the server chose its own watch ids (a gRPC proxy)
+//	etcdwatch_last_message_timestamp_seconds  gauge    Stats.LastMessage, Unix time; absent before the first response
+//	etcdwatch_connected                       gauge    State.Connected: 1 while a Watch stream is open
+//	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
+//	etcdwatch_last_error_timestamp_seconds    gauge    State.LastErrorAt, Unix time; absent before the first error
+//
+// The last error itself is not exported: its text varies without bound,
+// which a label must not. Log it (etcdwatch.WithLogger) or show State in a
+// health check instead.
+//
+// Alerts worth having: rate(etcdwatch_reconnects_total[5m]) above the
+// usual, etcdwatch_connected == 0 for longer than an outage you tolerate,
+// and rate(etcdwatch_pauses_total[5m]) > 0, a consumer that cannot keep up.
+//
+// Statistics of views (keys, bytes, relists) are not exported yet: etcdwatch
+// has no views. When it does, they belong here, with the same stream label.
+package etcdwatchprom
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// Source is what a Collector reads. *etcdwatch.Stream implements it; a
+// test may pass its own.
+type Source interface {
+	Stats() etcdwatch.Stats
+	State() etcdwatch.State
+}
+
+// Collector is a prometheus.Collector over one Stream's Stats and State.
+// Create one with New; it is safe for concurrent scrapes.
+type Collector struct {
+	src Source
+
+	watches, paused                          *prometheus.Desc
+	creates, stalls, pauses, resumes         *prometheus.Desc
+	responses, events, fragments             *prometheus.Desc
+	duplicates, unknown, reconnects, resumed *prometheus.Desc
+	idsRewritten, lastMessage                *prometheus.Desc
+	connected, stateSince, lastErrorAt       *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// New returns a Collector over src, whose metrics carry the label
+// stream="name". Register it with a prometheus.Registerer; two Collectors
+// may share a registry if their names differ (the same name twice is
+// refused as a duplicate). The Collector reads src at each scrape, for as
+// long as it is registered: after src is closed its counters keep their
+// last values, so unregister the Collector when its Stream is closed.
+func New(name string, src Source) *Collector {
+	labels := prometheus.Labels{"stream": name}
+	desc := func(metric, help string) *prometheus.Desc {
+		return prometheus.NewDesc("etcdwatch_"+metric, help, nil, labels)
+	}
+	return &Collector{
+		src:          src,
+		watches:      desc("watches", "Watches running now: creating, active or paused."),
+		paused:       desc("paused_watches", "Watches paused now because their consumer fell behind."),
+		creates:      desc("creates_total", "Created responses accepted from the server, resumes included."),
+		stalls:       desc("stalls_total", "Times the stream waited for a consumer at its buffer limit."),
+		pauses:       desc("pauses_total", "Times a watch was paused because its consumer fell behind."),
+		resumes:      desc("resumes_total", "Times a paused watch was re-created."),
+		responses:    desc("responses_total", "Responses received from the server."),
+		events:       desc("events_total", "Events queued for consumers."),
+		fragments:    desc("fragments_total", "Fragment responses joined into whole revisions."),
+		duplicates:   desc("duplicates_dropped_total", "Events at or below a watch's revision that were dropped."),
+		unknown:      desc("unknown_responses_total", "Responses for watch ids the stream did not know."),
+		reconnects:   desc("reconnects_total", "gRPC Watch streams replaced after they ended."),
+		resumed:      desc("watches_resumed_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
+		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
+		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
+		connected:    desc("connected", "1 while a Watch stream is open, else 0."),
+		stateSince:   desc("state_since_timestamp_seconds", "When etcdwatch_connected last changed, in Unix time."),
+		lastErrorAt:  desc("last_error_timestamp_seconds", "When the last error ended a Watch stream or kept one from opening, in Unix time."),
+	}
+}
+
+// Describe sends the descriptors of every metric the Collector may send.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.watches, c.paused,
+		c.creates, c.stalls, c.pauses, c.resumes,
+		c.responses, c.events, c.fragments,
+		c.duplicates, c.unknown, c.reconnects, c.resumed,
+		c.idsRewritten, c.lastMessage,
+		c.connected, c.stateSince, c.lastErrorAt,
+	} {
+		ch <- d
+	}
+}
+
+// Collect reads the Stream's Stats and State and sends them as metrics.
+// The two timestamps that may not exist yet, of the last message and of
+// the last error, are left out until they do.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.src.Stats()
+	state := c.src.State()
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	gauge(c.watches, float64(st.Watches))
+	gauge(c.paused, float64(st.Paused))
+	counter(c.creates, st.Created)
+	counter(c.stalls, st.Stalls)
+	counter(c.pauses, st.Pauses)
+	counter(c.resumes, st.Resumes)
+	counter(c.responses, st.Responses)
+	counter(c.events, st.Events)
+	counter(c.fragments, st.Fragments)
+	counter(c.duplicates, st.DuplicatesDropped)
+	counter(c.unknown, st.UnknownResponses)
+	counter(c.reconnects, st.Reconnects)
+	counter(c.resumed, st.Resumed)
+	gauge(c.idsRewritten, boolValue(st.IDsRewritten))
+	if !st.LastMessage.IsZero() {
+		gauge(c.lastMessage, unixSeconds(st.LastMessage))
+	}
+	gauge(c.connected, boolValue(state.Connected))
+	gauge(c.stateSince, unixSeconds(state.Since))
+	if !state.LastErrorAt.IsZero() {
+		gauge(c.lastErrorAt, unixSeconds(state.LastErrorAt))
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// unixSeconds is t in Unix seconds, with its fraction.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
