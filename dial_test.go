@@ -1,10 +1,26 @@
 package etcdwatch_test
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -22,7 +38,8 @@ func TestDialEndpoints(t *testing.T) {
 		{"localhost:2379", true},
 		{"[::1]:2379", true},
 		{"http://127.0.0.1:2379", true},
-		{"https://etcd.example:2379", true},
+		{"https://etcd.example:2379", false}, // TLS asked for, plain text given: see TestDialSecurity
+		{"unix://etcd:2379", false},
 		{"", false},
 		{"localhost", false},
 		{"http://localhost", false},
@@ -42,4 +59,218 @@ func TestDialEndpoints(t *testing.T) {
 	}
 	_, err := etcdwatch.Dial(nil, plain)
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
+}
+
+// TestDialSecurity: the endpoints' schemes and the transport security must
+// agree; Dial's own options are checked before anything is dialed.
+func TestDialSecurity(t *testing.T) {
+	certs := newTestCerts(t, "localhost", "127.0.0.1")
+	plain := grpc.WithTransportCredentials(insecure.NewCredentials())
+	tlsCreds := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.pool}))
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		opts      []grpc.DialOption
+		refused   string // a fragment of the error; "" for none
+	}{
+		{"https with WithTLS", []string{"https://localhost:2379", "127.0.0.1:2380"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, ""},
+		{"https with gRPC TLS credentials", []string{"https://localhost:2379"}, []grpc.DialOption{tlsCreds}, ""},
+		{"https with WithTLSFiles", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.caFile, "", "")}, ""},
+		{"client certificate", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, certs.keyFile)}, ""},
+		{"http plain", []string{"http://localhost:2379", "localhost:2380"}, []grpc.DialOption{plain}, ""},
+		{"no scheme with WithTLS", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, ""},
+
+		{"https with plain text", []string{"localhost:2379", "https://localhost:2380"}, []grpc.DialOption{plain}, `"https://localhost:2380" asks for TLS`},
+		{"https, WithTLS overridden by plain text", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil), plain}, "asks for TLS"},
+		{"http with WithTLS", []string{"http://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, `"http://localhost:2379" asks for plain text, but WithTLS`},
+		{"http with WithTLSFiles", []string{"http://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.caFile, "", "")}, "WithTLSFiles was given"},
+		{"mixed schemes", []string{"http://localhost:2379", "https://localhost:2380"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, "http:// and https:// cannot share"},
+		{"no transport security", []string{"localhost:2379"}, nil, "no transport security"},
+		{"missing CA file", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(filepath.Join(t.TempDir(), "none.pem"), "", "")}, "none.pem"},
+		{"CA file without PEM", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.keyFile+".txt", "", "")}, "no PEM certificate"},
+		{"certificate without key", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, "")}, "both certFile and keyFile"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := etcdwatch.Dial(tc.endpoints, tc.opts...)
+			if tc.refused == "" {
+				require.NoError(t, err)
+				require.NoError(t, conn.Close())
+				return
+			}
+			require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
+			require.ErrorContains(t, err, tc.refused)
+		})
+	}
+}
+
+// TestDialVerifiesEachMemberByItsHost: three members behind one certificate
+// for localhost and 127.0.0.1, named both ways, are all reached (each
+// answers a unary RPC with its own member id), each verified against the
+// host of its own endpoint: the localhost ones were asked for that name
+// (SNI), the IP one for none. A member whose certificate does not name its
+// host is refused.
+func TestDialVerifiesEachMemberByItsHost(t *testing.T) {
+	certs := newTestCerts(t, "localhost", "127.0.0.1")
+	var members []*tlsMember
+	for i := range 3 {
+		members = append(members, startTLSMember(t, uint64(i+1), certs.server))
+	}
+	endpoints := []string{
+		"https://localhost:" + members[0].port,
+		"https://127.0.0.1:" + members[1].port,
+		"localhost:" + members[2].port,
+	}
+	conn, err := etcdwatch.Dial(endpoints, etcdwatch.WithTLS(&tls.Config{RootCAs: certs.pool}))
+	require.NoError(t, err)
+	defer conn.Close()
+	seen := map[uint64]bool{}
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		resp, err := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(true))
+		require.NoError(t, err)
+		seen[resp.Header.MemberId] = true
+		return len(seen) == 3
+	}, wait, time.Millisecond, "members reached: %v", seen)
+	require.Equal(t, []string{"localhost"}, members[0].names())
+	require.Equal(t, []string{""}, members[1].names())
+	require.Equal(t, []string{"localhost"}, members[2].names())
+
+	wrong := newTestCerts(t, "localhost") // no IP address in it
+	m := startTLSMember(t, 9, wrong.server)
+	conn, err = etcdwatch.Dial([]string{"https://127.0.0.1:" + m.port}, etcdwatch.WithTLS(&tls.Config{RootCAs: wrong.pool}))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
+	require.ErrorContains(t, err, "127.0.0.1")
+	require.ErrorContains(t, err, "doesn't contain any IP SANs")
+}
+
+// tlsMember is a gRPC server over TLS on a loopback port that answers
+// Maintenance.Status with its member id, and records the server names
+// clients asked for.
+type tlsMember struct {
+	pb.UnimplementedMaintenanceServer
+	id   uint64
+	port string
+
+	mu  sync.Mutex
+	sni []string
+}
+
+func startTLSMember(t *testing.T, id uint64, cert tls.Certificate) *tlsMember {
+	t.Helper()
+	m := &tlsMember{id: id}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	_, m.port, _ = net.SplitHostPort(lis.Addr().String())
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.sni = append(m.sni, hello.ServerName)
+			return nil, nil
+		},
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
+	pb.RegisterMaintenanceServer(srv, m)
+	served := make(chan struct{})
+	go func() { // exits when the server stops
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	return m
+}
+
+func (m *tlsMember) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
+	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: m.id}}, nil
+}
+
+// names returns the distinct server names clients asked for.
+func (m *tlsMember) names() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var names []string
+	seen := map[string]bool{}
+	for _, n := range m.sni {
+		if !seen[n] {
+			seen[n] = true
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// testCerts is a CA and a server certificate it signed, in memory and in
+// PEM files.
+type testCerts struct {
+	pool                      *x509.CertPool
+	server                    tls.Certificate
+	caFile, certFile, keyFile string
+}
+
+// newTestCerts makes a CA and a certificate for hosts (names or IPs).
+func newTestCerts(t *testing.T, hosts ...string) testCerts {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "etcdwatch test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		KeyUsage:              x509.KeyUsageCertSign,
+		BasicConstraintsValid: true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	require.NoError(t, err)
+	ca, err := x509.ParseCertificate(caDER)
+	require.NoError(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: hosts[0]},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	require.NoError(t, err)
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	require.NoError(t, err)
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	server, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	c := testCerts{
+		pool:     x509.NewCertPool(),
+		server:   server,
+		caFile:   filepath.Join(dir, "ca.pem"),
+		certFile: filepath.Join(dir, "server.pem"),
+		keyFile:  filepath.Join(dir, "server-key.pem"),
+	}
+	c.pool.AddCert(ca)
+	require.NoError(t, os.WriteFile(c.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600))
+	require.NoError(t, os.WriteFile(c.certFile, certPEM, 0o600))
+	require.NoError(t, os.WriteFile(c.keyFile, keyPEM, 0o600))
+	require.NoError(t, os.WriteFile(c.keyFile+".txt", []byte("not PEM"), 0o600))
+	return c
 }
