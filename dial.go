@@ -51,6 +51,9 @@ import (
 // with TLS given through grpc.WithTransportCredentials cannot be told
 // apart here; its handshake fails, which Stream.State reports.
 //
+// WithPassword authenticates with etcd's Auth RPC and attaches the token
+// to every RPC on the connection, renewing it when the server refuses it.
+//
 // To share the connection of an existing go.etcd.io/etcd/client/v3 Client,
 // with its credentials and auth token, pass client.ActiveConnection() to
 // Open instead.
@@ -95,6 +98,9 @@ func Dial(endpoints []string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
 		}),
 	}
 	all := append(base, s.grpc...)
+	if s.auth != nil {
+		all = append(all, grpc.WithChainUnaryInterceptor(s.auth.unary), grpc.WithChainStreamInterceptor(s.auth.stream))
+	}
 	target := r.Scheme() + ":///etcd"
 	if schemes.https == "" {
 		conn, err := grpc.NewClient(target, all...)
@@ -183,6 +189,7 @@ func parseEndpoint(ep string) (endpoint, error) {
 type dialSettings struct {
 	grpc []grpc.DialOption // in order, with WithTLS and WithTLSFiles turned into transport credentials
 	tls  string            // the last of WithTLS and WithTLSFiles given, for messages; "" if none
+	auth *tokenAuth        // from WithPassword; nil for none
 	err  error             // the first option that could not be applied
 }
 
@@ -192,6 +199,8 @@ func (s *dialSettings) validate(schemes endpointSchemes) error {
 		return s.err
 	case s.tls != "" && schemes.http != "":
 		return fmt.Errorf("%w: endpoint %q asks for plain text, but %s was given", ErrInvalidArgument, schemes.http, s.tls)
+	case s.auth != nil && s.auth.user == "":
+		return fmt.Errorf("%w: WithPassword needs a user name", ErrInvalidArgument)
 	}
 	return nil
 }

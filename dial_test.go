@@ -79,6 +79,7 @@ func TestDialSecurity(t *testing.T) {
 		{"client certificate", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, certs.keyFile)}, ""},
 		{"http plain", []string{"http://localhost:2379", "localhost:2380"}, []grpc.DialOption{plain}, ""},
 		{"no scheme with WithTLS", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, ""},
+		{"password", []string{"localhost:2379"}, []grpc.DialOption{plain, etcdwatch.WithPassword("u", "")}, ""},
 
 		{"https with plain text", []string{"localhost:2379", "https://localhost:2380"}, []grpc.DialOption{plain}, `"https://localhost:2380" asks for TLS`},
 		{"https, WithTLS overridden by plain text", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil), plain}, "asks for TLS"},
@@ -89,6 +90,7 @@ func TestDialSecurity(t *testing.T) {
 		{"missing CA file", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(filepath.Join(t.TempDir(), "none.pem"), "", "")}, "none.pem"},
 		{"CA file without PEM", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.keyFile+".txt", "", "")}, "no PEM certificate"},
 		{"certificate without key", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, "")}, "both certFile and keyFile"},
+		{"empty user", []string{"localhost:2379"}, []grpc.DialOption{plain, etcdwatch.WithPassword("", "pw")}, "WithPassword needs a user name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := etcdwatch.Dial(tc.endpoints, tc.opts...)

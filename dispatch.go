@@ -498,8 +498,10 @@ func (d *dispatcher) dropUnmatched(resp *wireResponse) {
 
 // handleRefused ends a watch whose create the server refused. A stale auth
 // token is the one refusal a new stream can cure, since the connection's
-// credentials are attached afresh to each stream: the first time, the stream
-// is replaced and the watch tried again on the next one.
+// credentials are attached afresh to each stream (a Dial connection
+// WithPassword has dropped the refused token by then, so the next stream
+// authenticates anew): the first time, the stream is replaced and the
+// watch tried again on the next one.
 func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 	switch {
 	case w.abandoned || w.probe:

@@ -1,0 +1,233 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// WithPassword makes Dial authenticate as user with etcd's Auth RPC and
+// attach the token it gets to every RPC on the connection (the "token"
+// metadata etcd reads). The first RPC, typically a Stream's Watch stream,
+// authenticates; a token the server refuses as invalid or expired ("invalid
+// auth token"), or as older than the last change to users and roles, is
+// replaced by a new one on the next RPC. So a Stream's watches carry on
+// across token expiry: the create that met the old token is tried once
+// more on a new stream, which carries the new token, and every other watch
+// resumes on it from its next revision, nothing lost. A unary RPC refused
+// for its token is tried once more with a new one.
+//
+// A wrong user name or password is final: the RPC (for a Stream, its
+// first Watch stream, so every watch of the Stream) fails with an error
+// matching ErrAuthFailed and ErrUnauthenticated, whose gRPC code is
+// Unauthenticated. A server with auth disabled is used without a token.
+// Over plain text the password and token travel in clear, as with etcd's
+// own client. It is a Dial option; an empty user is invalid. Default: no
+// authentication.
+func WithPassword(user, password string) grpc.DialOption {
+	return dialOption{apply: func(s *dialSettings) {
+		s.auth = &tokenAuth{user: user, password: password, turn: make(chan struct{}, 1)}
+	}}
+}
+
+// authTimeout bounds one Authenticate call; authSpacing spaces out calls
+// after one failed, so that a member answering at once that it cannot
+// serve is not asked again in a tight loop.
+const (
+	authTimeout = 5 * time.Second
+	authSpacing = 100 * time.Millisecond
+)
+
+// tokenAuth holds one connection's auth token. Its interceptors attach the
+// token to each RPC and remember which token each Watch stream carries, so
+// that when the server refuses that very token, it alone is dropped: a
+// token another RPC got meanwhile is kept.
+//
+// One caller at a time authenticates (whoever holds turn); the others wait
+// for it, each within its own context. token, known and failedAt are
+// written by the holder of turn, under mu.
+type tokenAuth struct {
+	user, password string
+	turn           chan struct{}
+
+	mu       sync.Mutex
+	token    string    // "" with known: the server has auth disabled
+	known    bool      // token may be used
+	failedAt time.Time // when the last Authenticate failed
+}
+
+// current returns the token if it may be used.
+func (a *tokenAuth) current() (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.token, a.known
+}
+
+// get returns a token to use, authenticating if there is none.
+func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error) {
+	if tok, ok := a.current(); ok {
+		return tok, nil
+	}
+	select {
+	case a.turn <- struct{}{}:
+	case <-ctx.Done():
+		return "", status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-a.turn }()
+	if tok, ok := a.current(); ok { // another caller authenticated meanwhile
+		return tok, nil
+	}
+	a.mu.Lock()
+	wait := time.Until(a.failedAt.Add(authSpacing))
+	a.mu.Unlock()
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	tok, err := a.authenticate(ctx, cc)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		a.failedAt = time.Now()
+		return "", err
+	}
+	a.token, a.known = tok, true
+	return tok, nil
+}
+
+// authenticate asks the server for a new token. A refusal of the user or
+// password is an *authError; other errors (no connection, no leader) are
+// returned as they are, for the caller to try again.
+func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, authTimeout)
+	defer cancel()
+	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password})
+	switch {
+	case err == nil:
+		return resp.Token, nil
+	case errors.Is(rpctypes.Error(err), rpctypes.ErrAuthNotEnabled):
+		return "", nil
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition:
+		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
+	}
+	return "", err
+}
+
+// invalidate drops tok, if it is still the current token, after the
+// server refused it.
+func (a *tokenAuth) invalidate(tok string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.known && a.token == tok {
+		a.known = false
+	}
+}
+
+// unary attaches the token to a unary RPC, and tries once more with a new
+// token if the server refuses it. Authenticate itself goes without.
+func (a *tokenAuth) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if method == pb.Auth_Authenticate_FullMethodName {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	for retried := false; ; retried = true {
+		tok, err := a.get(ctx, cc)
+		if err != nil {
+			return err
+		}
+		err = invoker(withToken(ctx, tok), method, req, reply, cc, opts...)
+		if err == nil || retried || !refusedToken(status.Convert(err).Message()) {
+			return err
+		}
+		a.invalidate(tok)
+	}
+}
+
+// stream attaches the token to a stream; on a Watch stream it watches for
+// creates refused for that token.
+func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	tok, err := a.get(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := streamer(withToken(ctx, tok), desc, cc, method, opts...)
+	if err != nil || method != pb.Watch_Watch_FullMethodName {
+		return cs, err
+	}
+	return &tokenWatchStream{ClientStream: cs, auth: a, token: tok}, nil
+}
+
+// tokenWatchStream is a Watch stream that drops its token from the
+// connection when the server refuses a create for it. It does so in
+// RecvMsg, before the Stream's dispatcher sees the refusal: the new stream
+// the dispatcher then opens (see handleRefused) authenticates afresh.
+type tokenWatchStream struct {
+	grpc.ClientStream
+	auth  *tokenAuth
+	token string
+}
+
+func (s *tokenWatchStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	var reason string
+	switch r := m.(type) {
+	case *wireResponse: // a Stream's
+		if r.Canceled {
+			reason = r.CancelReason
+		}
+	case *pb.WatchResponse: // etcd's generated client's
+		if r.Canceled {
+			reason = r.CancelReason
+		}
+	}
+	if err != nil {
+		reason = status.Convert(err).Message()
+	}
+	if reason != "" && refusedToken(reason) {
+		s.auth.invalidate(s.token)
+	}
+	return err
+}
+
+// refusedToken reports whether a server's reason refuses the caller's
+// token (invalid or expired, or older than the auth store).
+func refusedToken(reason string) bool {
+	return errors.Is(classifyReason(reason), ErrUnauthenticated)
+}
+
+func withToken(ctx context.Context, tok string) context.Context {
+	if tok == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, rpctypes.TokenFieldNameGRPC, tok)
+}
+
+// authError is a user name or password the server refused. It matches
+// ErrAuthFailed and ErrUnauthenticated, and its gRPC code is
+// Unauthenticated, which ends a Stream's watches rather than retrying.
+type authError struct {
+	user, reason string
+}
+
+func (e *authError) Error() string {
+	return "etcdwatch: authentication failed for user " + e.user + ": " + e.reason
+}
+
+func (e *authError) Unwrap() []error { return []error{ErrAuthFailed, ErrUnauthenticated} }
+
+// GRPCStatus gives the error's gRPC code, for status.Code and the Stream.
+func (e *authError) GRPCStatus() *status.Status { return status.New(codes.Unauthenticated, e.Error()) }

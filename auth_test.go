@@ -1,0 +1,231 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// authServer is a fake etcd with auth on a loopback port: Authenticate
+// hands out tok1, tok2, ... for the right password; Watch confirms a create
+// only under a valid token and otherwise refuses it as etcd does (id -1,
+// "invalid auth token"); Range answers under a valid token. expire makes
+// every token so far invalid.
+type authServer struct {
+	pb.UnimplementedAuthServer
+	pb.UnimplementedWatchServer
+	pb.UnimplementedKVServer
+	addr     string
+	password string
+	disabled bool // auth not enabled
+
+	mu      sync.Mutex
+	issued  int
+	valid   map[string]bool
+	streams []string // the token each Watch stream carried, in order
+	ranges  []string // the token each Range carried
+}
+
+func startAuthServer(t *testing.T, password string) *authServer {
+	t.Helper()
+	a := &authServer{password: password, valid: map[string]bool{}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	a.addr = lis.Addr().String()
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, a)
+	pb.RegisterWatchServer(srv, a)
+	pb.RegisterKVServer(srv, a)
+	served := make(chan struct{})
+	go func() { // exits when the server stops
+		defer close(served)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	return a
+}
+
+func (a *authServer) Authenticate(_ context.Context, r *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.disabled:
+		return nil, rpctypes.ErrGRPCAuthNotEnabled
+	case r.Name != "alice" || r.Password != a.password:
+		return nil, rpctypes.ErrGRPCAuthFailed
+	}
+	a.issued++
+	tok := fmt.Sprintf("tok%d", a.issued)
+	a.valid[tok] = true
+	return &pb.AuthenticateResponse{Token: tok}, nil
+}
+
+func (a *authServer) expire() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	clear(a.valid)
+}
+
+func (a *authServer) authenticated() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.issued
+}
+
+func token(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("token"); len(v) == 1 {
+		return v[0]
+	}
+	return ""
+}
+
+// allowed reports whether tok may be used.
+func (a *authServer) allowed(tok string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.disabled || a.valid[tok]
+}
+
+func (a *authServer) Watch(srv pb.Watch_WatchServer) error {
+	tok := token(srv.Context())
+	a.mu.Lock()
+	a.streams = append(a.streams, tok)
+	a.mu.Unlock()
+	for {
+		req, err := srv.Recv()
+		if err != nil {
+			return nil
+		}
+		var resp *pb.WatchResponse
+		switch {
+		case req.GetCreateRequest() != nil && a.allowed(tok):
+			resp = &pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 1}, WatchId: req.GetCreateRequest().WatchId, Created: true}
+		case req.GetCreateRequest() != nil:
+			resp = &pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 1}, WatchId: -1, Created: true, Canceled: true,
+				CancelReason: rpctypes.ErrGRPCInvalidAuthToken.Error()}
+		case req.GetCancelRequest() != nil:
+			resp = &pb.WatchResponse{Header: &pb.ResponseHeader{Revision: 1}, WatchId: req.GetCancelRequest().WatchId, Canceled: true}
+		default:
+			continue
+		}
+		if err := srv.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+func (a *authServer) Range(ctx context.Context, _ *pb.RangeRequest) (*pb.RangeResponse, error) {
+	tok := token(ctx)
+	a.mu.Lock()
+	a.ranges = append(a.ranges, tok)
+	a.mu.Unlock()
+	if !a.allowed(tok) {
+		return nil, rpctypes.ErrGRPCInvalidAuthToken
+	}
+	return &pb.RangeResponse{Header: &pb.ResponseHeader{Revision: 1}}, nil
+}
+
+func (a *authServer) seen() (streams, ranges []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.streams...), append([]string(nil), a.ranges...)
+}
+
+func dialAuth(t *testing.T, a *authServer, password string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := etcdwatch.Dial([]string{a.addr}, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		etcdwatch.WithPassword("alice", password))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	return conn
+}
+
+// TestAuthTokenRenewedWhenRefused: the Watch stream carries the token; once
+// the server refuses it, the refused create is tried on a new stream that
+// carries a new one, the watch already open resumes there, and only one
+// more Authenticate is made. A unary RPC refused for its token is tried
+// once more with a new one.
+func TestAuthTokenRenewedWhenRefused(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	conn := dialAuth(t, a, "pw")
+	s, err := etcdwatch.Open(conn)
+	require.NoError(t, err)
+	defer s.Close()
+	ctx := t.Context()
+	first, err := s.Watch(ctx, etcdwatch.Key("a"))
+	require.NoError(t, err)
+	streams, _ := a.seen()
+	require.Equal(t, []string{"tok1"}, streams)
+
+	a.expire()
+	_, err = s.Watch(ctx, etcdwatch.Key("b"))
+	require.NoError(t, err)
+	streams, _ = a.seen()
+	require.Equal(t, []string{"tok1", "tok2"}, streams)
+	require.Equal(t, 2, a.authenticated())
+	require.Eventually(t, func() bool { return s.Stats().Resumed == 1 }, wait, time.Millisecond, "the first watch resumed on the new stream")
+	require.NoError(t, first.Err())
+
+	kv := pb.NewKVClient(conn)
+	_, err = kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err)
+	a.expire()
+	_, err = kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err)
+	_, ranges := a.seen()
+	require.Equal(t, []string{"tok2", "tok2", "tok3"}, ranges)
+	require.Equal(t, 3, a.authenticated())
+}
+
+// TestAuthWrongPassword: a refused password fails the first Watch with an
+// error matching ErrAuthFailed (and ErrUnauthenticated), which says why.
+func TestAuthWrongPassword(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	conn := dialAuth(t, a, "wrong")
+	s, err := etcdwatch.Open(conn)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Watch(t.Context(), etcdwatch.Key("a"))
+	require.ErrorIs(t, err, etcdwatch.ErrAuthFailed)
+	require.ErrorIs(t, err, etcdwatch.ErrUnauthenticated)
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
+	require.ErrorContains(t, err, "authentication failed for user alice: etcdserver: authentication failed, invalid user ID or password")
+	require.Equal(t, 0, a.authenticated())
+	streams, _ := a.seen()
+	require.Empty(t, streams, "no Watch stream without a token")
+
+	_, err = pb.NewKVClient(conn).Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.ErrorIs(t, err, etcdwatch.ErrAuthFailed)
+}
+
+// TestAuthNotEnabled: a server with auth disabled is used without a token.
+func TestAuthNotEnabled(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	a.disabled = true
+	s, err := etcdwatch.Open(dialAuth(t, a, "pw"))
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Watch(t.Context(), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	streams, _ := a.seen()
+	require.Equal(t, []string{""}, streams)
+}
