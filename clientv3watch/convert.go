@@ -1,0 +1,179 @@
+package clientv3watch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// watchSpec is a clientv3 watch call translated for etcdwatch.
+type watchSpec struct {
+	req           etcdwatch.Request
+	createdNotify bool
+	// dropEvents: WithFilterPut and WithFilterDelete together, which etcd
+	// accepts and then sends no event; etcdwatch refuses the pair, so the
+	// watch filters puts and the pump drops the deletes.
+	dropEvents bool
+	// refusal is the cancel reason etcd gives for a create it refuses
+	// whatever the stream (which etcdwatch refuses before sending it).
+	refusal string
+}
+
+// reasonEmptyRange is etcd's cancel reason for a range with key >= end.
+const reasonEmptyRange = "mvcc: watcher range is empty"
+
+// specOf reads the watch options through clientv3.OpGet and its accessors,
+// and normalises key and end as etcd does.
+func specOf(key string, opts []clientv3.OpOption) watchSpec {
+	op := clientv3.OpGet(key, opts...)
+	k, end := op.KeyBytes(), op.RangeBytes()
+	if len(k) == 0 {
+		k = []byte{0} // etcd's smallest key
+	}
+	if len(end) == 0 {
+		end = nil // one key
+	}
+	sp := watchSpec{
+		req: etcdwatch.Request{
+			Key:            k,
+			End:            end,
+			Revision:       op.Rev(),
+			PrevKV:         op.IsPrevKV(),
+			NoPut:          op.IsFilterPut(),
+			NoDelete:       op.IsFilterDelete(),
+			ProgressNotify: op.IsProgressNotify(),
+			Fragment:       op.IsFragment(),
+		},
+		createdNotify: op.IsCreatedNotify(),
+	}
+	if sp.req.NoPut && sp.req.NoDelete {
+		sp.req.NoDelete, sp.dropEvents = false, true
+	}
+	fromKey := len(end) == 1 && end[0] == 0
+	switch {
+	case sp.req.Revision < 0:
+		sp.refusal = rpctypes.ErrCompacted.Error() // what etcd answers
+	case end != nil && !fromKey && bytes.Compare(k, end) >= 0:
+		sp.refusal = reasonEmptyRange
+	default:
+		if err := sp.req.Validate(); err != nil {
+			sp.refusal = err.Error()
+		}
+	}
+	return sp
+}
+
+// createdResponse is the notification of WithCreatedNotify. For a watch
+// from the current revision its header revision is the server's, as with
+// clientv3; for one WithRev(r), r-1 (every event after it is still to
+// come). etcdwatch does not pass the created response's header on, so the
+// cluster, member and term are zero.
+func createdResponse(ew *etcdwatch.Watch, req etcdwatch.Request) clientv3.WatchResponse {
+	rev := ew.Revision() // nothing delivered yet: the created header's revision - 1, or r-1
+	if req.Revision == 0 {
+		rev++
+	}
+	return clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, Created: true}
+}
+
+// eventBox holds one event and its key-values in one allocation, so that a
+// consumer keeping one event's Kv keeps nothing of the others.
+type eventBox struct {
+	ev       mvccpb.Event
+	kv, prev mvccpb.KeyValue
+}
+
+func toHeader(h etcdwatch.Header) *pb.ResponseHeader {
+	return &pb.ResponseHeader{ClusterId: h.ClusterID, MemberId: h.MemberID, Revision: h.Revision, RaftTerm: h.RaftTerm}
+}
+
+func setKV(dst *mvccpb.KeyValue, src *etcdwatch.KeyValue) {
+	dst.Key, dst.Value = src.Key, src.Value
+	dst.CreateRevision, dst.ModRevision, dst.Version, dst.Lease = src.CreateRevision, src.ModRevision, src.Version, src.Lease
+}
+
+// toResponse converts events or a bookmark. The byte slices are etcdwatch's
+// own, which belong to the consumer: they are not copied.
+func toResponse(r etcdwatch.Response) clientv3.WatchResponse {
+	wr := clientv3.WatchResponse{Header: toHeader(r.Header)}
+	if len(r.Events) == 0 {
+		return wr
+	}
+	wr.Events = make([]*mvccpb.Event, len(r.Events))
+	for i := range r.Events {
+		e := &r.Events[i]
+		b := new(eventBox)
+		b.ev.Type = mvccpb.Event_EventType(e.Type)
+		setKV(&b.kv, &e.KeyValue)
+		b.ev.Kv = &b.kv
+		if e.PrevKV != nil {
+			setKV(&b.prev, e.PrevKV)
+			b.ev.PrevKv = &b.prev
+		}
+		wr.Events[i] = &b.ev
+	}
+	return wr
+}
+
+// canceled is a final response whose Err() is rpctypes.Error of reason:
+// the etcd error with that text if there is one (ErrNoLeader,
+// ErrPermissionDenied, ErrCompacted, ...).
+func canceled(reason string) clientv3.WatchResponse {
+	return clientv3.WatchResponse{Header: &pb.ResponseHeader{}, Canceled: true, CancelReason: reason}
+}
+
+// final returns the response clientv3 sends when a watch ends for err, if
+// it sends one: none when the watch was canceled or closed. last is the
+// header of the last response delivered, for the compaction response.
+func final(err error, last *etcdwatch.Header) (clientv3.WatchResponse, bool) {
+	var (
+		ce *etcdwatch.CompactedError
+		se *etcdwatch.ServerError
+	)
+	switch {
+	case err == nil, errors.Is(err, etcdwatch.ErrCanceled), errors.Is(err, etcdwatch.ErrClosed),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return clientv3.WatchResponse{}, false
+	case errors.Is(err, errLeaderLost):
+		return canceled(rpctypes.ErrNoLeader.Error()), true
+	case errors.As(err, &ce):
+		h := &pb.ResponseHeader{}
+		if last != nil {
+			h = toHeader(*last)
+		}
+		h.Revision = 0 // as etcd sends it
+		return clientv3.WatchResponse{Header: h, CompactRevision: ce.CompactRevision, Canceled: true}, true
+	case errors.As(err, &se):
+		return canceled(reasonOr(se.Reason, se.Error())), true
+	default: // the stream failed for good: a closed connection, a refused permission on resume
+		if s, ok := status.FromError(err); ok {
+			return canceled(reasonOr(s.Message(), err.Error())), true
+		}
+		return canceled(err.Error()), true
+	}
+}
+
+// reasonOr is the server's reason without the gRPC status text etcd 3.7
+// wraps some in ("rpc error: code = PermissionDenied desc = etcdserver:
+// permission denied"), so that rpctypes.Error recognises it; or, if there
+// is no reason, fallback.
+func reasonOr(reason, fallback string) string {
+	if strings.HasPrefix(reason, "rpc error: code = ") {
+		if _, desc, ok := strings.Cut(reason, " desc = "); ok {
+			reason = desc
+		}
+	}
+	if reason == "" {
+		return fallback
+	}
+	return reason
+}

@@ -1,0 +1,50 @@
+// Package clientv3watch is a drop-in clientv3.Watcher that runs the watches
+// of a go.etcd.io/etcd/client/v3 Client on etcdwatch. One line switches an
+// existing program over:
+//
+//	cli.Watcher = clientv3watch.New(cli)
+//
+// after which every cli.Watch, cli.RequestProgress and cli.Close goes
+// through etcdwatch, on cli's own connection, with its TLS and auth token.
+//
+// Every watch option means what it means in clientv3 (WithPrefix,
+// WithFromKey, WithRange, WithRev, WithPrevKV, WithFilterPut,
+// WithFilterDelete, WithProgressNotify, WithFragment, WithCreatedNotify),
+// and responses are filled as clientv3 fills them, so that Err,
+// IsProgressNotify, IsCreate and IsModify answer alike: a compacted watch
+// gets a response with CompactRevision and ErrCompacted, a refused one a
+// canceled response whose Err says why, and a watch under
+// clientv3.WithRequireLeader ends with ErrNoLeader when its member loses
+// its leader. Watches whose contexts carry different outgoing metadata go
+// on different streams, as with clientv3.
+//
+// # Where it differs from clientv3, on purpose
+//
+//   - A watch's buffer is bounded (etcdwatch.WithBufferLimit,
+//     WithBufferBytes) instead of growing without limit: a consumer that
+//     stops reading holds up the stream for a moment, then its watch is
+//     paused on the server and resumed from its next revision once it has
+//     read half its backlog. Nothing is lost; events may arrive later.
+//   - Responses for a consumer that is behind may be joined, up to 64
+//     events, always whole revisions in order; clientv3 hands over one
+//     response per server message.
+//   - Once ctx ends, or Close is called, nothing more is delivered and the
+//     channel closes; clientv3 may still hand over a buffered response.
+//   - RequestProgress is repeated until the server answers (etcd 3.6 and
+//     later ignore a request while a watch on the stream catches up, and
+//     clientv3's is then lost), and at most one is outstanding per stream.
+//   - A create refused by the server, or a watch its stream ends for good,
+//     gets a final response with CancelReason set (clientv3 sets an
+//     unexported error instead), and Err returns the etcd error for it:
+//     errors.Is(err, rpctypes.ErrPermissionDenied) holds, where clientv3
+//     returns a plain error with the gRPC status text.
+//   - A refusal ends only its own watch; clientv3 keeps the refusal as its
+//     stream's error and may send it to other watches on that stream.
+//   - The created notification's header carries the revision only: the
+//     server's for a watch from now, r-1 for a watch WithRev(r) (clientv3
+//     has the store revision there). Event and progress responses carry
+//     the server's whole header.
+//   - Each watch has a goroutine of its own, as in clientv3, to turn
+//     etcdwatch responses into clientv3 ones; a program on etcdwatch's own
+//     API needs none.
+package clientv3watch

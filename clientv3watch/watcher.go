@@ -1,0 +1,277 @@
+package clientv3watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// New returns a clientv3.Watcher that runs every watch of c on etcdwatch,
+// over c's own connection (c.ActiveConnection()), so that c's TLS settings
+// and auth token apply. Assign it to the client:
+//
+//	cli.Watcher = clientv3watch.New(cli)
+//
+// and every cli.Watch and cli.RequestProgress runs on it; cli.Close closes
+// it. opts configure each etcdwatch.Stream it opens (buffer limits, stall
+// budget, logger, ...). WithRequireLeader is not needed: a watch whose
+// context carries clientv3.WithRequireLeader goes on a stream that requires
+// a leader, as with clientv3. Options are checked when the first stream
+// opens: invalid ones make every watch end at once with a canceled response
+// whose CancelReason says why, and RequestProgress return the error.
+func New(c *clientv3.Client, opts ...etcdwatch.Option) clientv3.Watcher {
+	return NewFromConn(c.ActiveConnection(), opts...)
+}
+
+// NewFromConn is New for a connection that is not a clientv3.Client's, for
+// example one from etcdwatch.Dial; conn stays the caller's to close, after
+// the Watcher.
+func NewFromConn(conn grpc.ClientConnInterface, opts ...etcdwatch.Option) clientv3.Watcher {
+	return &watcher{
+		conn:   conn,
+		opts:   opts,
+		byKey:  map[string]*group{},
+		groups: map[*group]struct{}{},
+		closed: make(chan struct{}),
+	}
+}
+
+// watcher implements clientv3.Watcher with one etcdwatch.Stream per
+// distinct outgoing metadata of the watches' contexts (a group).
+type watcher struct {
+	conn grpc.ClientConnInterface
+	opts []etcdwatch.Option
+
+	mu     sync.Mutex
+	byKey  map[string]*group   // the group new watches with that metadata join; nil once closed
+	groups map[*group]struct{} // every group with a Stream, lost ones included; nil once closed
+	closed chan struct{}       // closed by Close
+	// wg counts the Watch calls under way, pumps and progress requesters.
+	// Add is called under mu and only while open, so never after Close
+	// has begun to Wait.
+	wg sync.WaitGroup
+}
+
+// errWatcherClosed is what RequestProgress returns after Close.
+var errWatcherClosed = fmt.Errorf("clientv3watch: %w", etcdwatch.ErrClosed)
+
+// Watch implements clientv3.Watcher: it returns once the server confirmed
+// the watch (or refused it, or ctx ended), as clientv3 does.
+func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
+	spec := specOf(key, opts) // panics on WithPrefix with WithFromKey, as clientv3 does
+	if spec.refusal != "" {
+		return finished(canceled(spec.refusal))
+	}
+	g, err := w.acquire(ctx)
+	if err != nil {
+		return finished(canceled(err.Error()))
+	}
+	if g == nil {
+		return finished() // closed
+	}
+	wctx, unbind := g.bind(ctx)
+	ew, err := g.s.Watch(wctx, spec.req)
+	if err != nil {
+		unbind()
+		w.release(g)
+		if ctx.Err() != nil {
+			return finished()
+		}
+		if resp, ok := final(err, nil); ok {
+			return finished(resp)
+		}
+		return finished()
+	}
+	out := make(chan clientv3.WatchResponse, 1)
+	if spec.createdNotify {
+		out <- createdResponse(ew, spec.req)
+	}
+	go func() { // the watch's pump; exits when the watch ends, ctx ends or Close; Close waits for it
+		defer w.release(g)
+		defer unbind()
+		w.pump(ctx, g, ew, spec, out)
+	}()
+	return out
+}
+
+// pump hands the watch's responses over to out in clientv3's form, then
+// the final response clientv3 would send, if any, and closes out.
+func (w *watcher) pump(ctx context.Context, g *group, ew *etcdwatch.Watch, spec watchSpec, out chan<- clientv3.WatchResponse) {
+	defer close(out)
+	send := func(r clientv3.WatchResponse) bool {
+		select {
+		case out <- r:
+			return true
+		case <-ctx.Done():
+		case <-w.closed:
+		}
+		return false
+	}
+	var last etcdwatch.Header
+	for r := range ew.Responses() {
+		if g.isLost() {
+			break // anything from now on may come from another member; clientv3 drops it too
+		}
+		if spec.dropEvents && len(r.Events) > 0 {
+			continue
+		}
+		last = r.Header
+		if !send(toResponse(r)) {
+			ew.Cancel()
+			return
+		}
+	}
+	err := ew.Err()
+	if g.isLost() {
+		ew.Cancel()
+		err = errLeaderLost
+	}
+	if ctx.Err() != nil || w.isClosed() {
+		return // clientv3 closes the channel without a word
+	}
+	if resp, ok := final(err, &last); ok {
+		send(resp)
+	}
+}
+
+// acquire returns the group for ctx's outgoing metadata, opening its
+// Stream if need be, and counts one more user of it; nil once closed.
+func (w *watcher) acquire(ctx context.Context) (*group, error) {
+	key, md := streamKey(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byKey == nil {
+		return nil, nil
+	}
+	g := w.byKey[key]
+	if g == nil {
+		var err error
+		if g, err = w.openGroup(key, md); err != nil {
+			return nil, err
+		}
+		w.byKey[key] = g
+		w.groups[g] = struct{}{}
+	}
+	g.refs++
+	w.wg.Add(1)
+	return g, nil
+}
+
+// release undoes acquire; the last user of a group closes its Stream, as
+// clientv3 closes a gRPC stream once it has no watches left.
+func (w *watcher) release(g *group) {
+	defer w.wg.Done()
+	w.mu.Lock()
+	g.refs--
+	last := g.refs == 0
+	if last {
+		if w.byKey[g.key] == g {
+			delete(w.byKey, g.key)
+		}
+		delete(w.groups, g)
+	}
+	w.mu.Unlock()
+	if last {
+		g.s.Close()
+		g.lostCancel()
+	}
+}
+
+// forget makes new watches with g's metadata open a group of their own.
+func (w *watcher) forget(g *group) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byKey[g.key] == g {
+		delete(w.byKey, g.key)
+	}
+}
+
+func (w *watcher) isClosed() bool {
+	select {
+	case <-w.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// RequestProgress implements clientv3.Watcher. Like clientv3's, it returns
+// once the request is on its way, and each watch on the stream of ctx's
+// metadata then gets a progress notification. Unlike clientv3's, the
+// request is repeated until the server answers: etcd 3.6 and later ignore
+// it while a watch on the stream is catching up.
+func (w *watcher) RequestProgress(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	key, _ := streamKey(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.byKey == nil {
+		return errWatcherClosed
+	}
+	g := w.byKey[key]
+	switch {
+	case g == nil:
+		return nil // no watches: etcd would answer nothing
+	case g.progressRunning:
+		g.progressAgain = true // asked again while one is out: one more after it
+		return nil
+	}
+	g.progressRunning = true
+	w.wg.Add(1)
+	go func() { // exits once answered, or when the group's Stream closes; Close waits for it
+		defer w.wg.Done()
+		for {
+			_, err := g.s.RequestProgress(context.Background())
+			w.mu.Lock()
+			again := g.progressAgain && err == nil
+			g.progressAgain = false
+			g.progressRunning = again
+			w.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+// Close implements clientv3.Watcher: every watch channel is closed, with
+// nothing more delivered, and every Stream is closed. It waits for them.
+func (w *watcher) Close() error {
+	w.mu.Lock()
+	if w.byKey == nil {
+		w.mu.Unlock()
+		return nil
+	}
+	groups := w.groups
+	w.byKey, w.groups = nil, nil
+	close(w.closed)
+	w.mu.Unlock()
+	for g := range groups {
+		g.s.Close()
+	}
+	w.wg.Wait()
+	return nil
+}
+
+// finished returns a closed channel holding rs.
+func finished(rs ...clientv3.WatchResponse) clientv3.WatchChan {
+	ch := make(chan clientv3.WatchResponse, len(rs))
+	for _, r := range rs {
+		ch <- r
+	}
+	close(ch)
+	return ch
+}
+
+// errLeaderLost ends the watches of a group whose member reported that it
+// has no leader.
+var errLeaderLost = errors.New("clientv3watch: the member has no leader")
