@@ -191,7 +191,7 @@ func kvs(evs []*clientv3.Event) []string {
 func TestContract(t *testing.T) {
 	srv := etcdwatchtest.StartEtcd(t, func(c *embed.Config) {
 		c.WatchProgressNotifyInterval = 100 * time.Millisecond // the minimum etcd takes
-		c.MaxRequestBytes = 1 << 20                           // fragments from 1.5 MiB
+		c.MaxRequestBytes = 1 << 20                            // fragments from 1.5 MiB
 	})
 	runContract(t, []string{srv.Endpoint}, contractCases, nil, nil)
 }

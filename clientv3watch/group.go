@@ -37,7 +37,7 @@ type group struct {
 	loseOnce      sync.Once
 
 	// Under w.mu.
-	refs                         int  // Watch calls and pumps using the group
+	refs                           int  // Watch calls and pumps using the group
 	progressRunning, progressAgain bool // a RequestProgress is out; another was asked for meanwhile
 }
 
