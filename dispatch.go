@@ -184,6 +184,7 @@ func (d *dispatcher) shutdown() {
 	d.endAll(ErrClosed, true)
 	if d.sess != nil {
 		d.sess.close()
+		d.s.state.ended(ErrClosed, d.sessOpen, time.Now())
 	}
 	d.retry.stop()
 	d.stall.stop()

@@ -134,7 +134,7 @@ func selfSigned(t *testing.T) tls.Certificate {
 
 // TestStateFollowsTheStream: State says whether the stream is open and since
 // when, and keeps the error that last ended it; a stream back after a
-// failure is logged once, at Info.
+// failure is logged once, at Info; a closed Stream is not connected.
 func TestStateFollowsTheStream(t *testing.T) {
 	var logs logRecorder
 	h := newHarness(t, etcdwatch.WithLogger(slog.New(&logs)))
@@ -155,6 +155,11 @@ func TestStateFollowsTheStream(t *testing.T) {
 	require.False(t, back.LastErrorAt.After(back.Since), "the error came after the stream was back")
 	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back"))
 	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream ended; reconnecting"))
+
+	require.NoError(t, h.s.Close())
+	closed := h.s.State()
+	require.False(t, closed.Connected, "a closed Stream reads as connected")
+	require.ErrorIs(t, closed.LastError, etcdwatch.ErrClosed)
 }
 
 // TestServerEndedWatchIsLoggedAtWarn: a watch the server ends (here by
