@@ -1,0 +1,13 @@
+// Command server is etcd 3.5.35, built from its own module so that its
+// version is pinned apart from the client's (etcd's API module of another
+// line cannot be linked into one binary with etcdwatch). It takes etcd's
+// own flags; the compat/etcd35 tests build it and run it as a child process.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
