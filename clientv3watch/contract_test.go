@@ -67,14 +67,6 @@ func (e *env) del(t *testing.T, k string) int64 {
 	return r.Header.Revision
 }
 
-// rev is the store's current revision.
-func (e *env) rev(t *testing.T) int64 {
-	t.Helper()
-	r, err := e.cli.Get(e.ctx, "\x00", clientv3.WithCountOnly())
-	require.NoError(t, err)
-	return r.Header.Revision
-}
-
 type contractCase struct {
 	name string
 	// clientv3Skip, if set, is why clientv3 itself fails the case.

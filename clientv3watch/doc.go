@@ -28,8 +28,6 @@
 //   - Responses for a consumer that is behind may be joined, up to 64
 //     events, always whole revisions in order; clientv3 hands over one
 //     response per server message.
-//   - Once ctx ends, or Close is called, nothing more is delivered and the
-//     channel closes; clientv3 may still hand over a buffered response.
 //   - RequestProgress is repeated until the server answers (etcd 3.6 and
 //     later ignore a request while a watch on the stream catches up, and
 //     clientv3's is then lost), and at most one is outstanding per stream.
