@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/clientv3watch"
 )
 
 // spec is one watch to open: a key or a prefix.
@@ -102,6 +103,12 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 		w = clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), clientv3.NewCtxClient(context.Background()))
 		closeFn = func() { w.Close() }
 	}
+	return c.watchOn(ctx, w, closeFn, specs, out)
+}
+
+// watchOn is the application's code on a clientv3.Watcher: one Watch call
+// after another, each waiting for its created notification.
+func (c clientv3Client) watchOn(ctx context.Context, w clientv3.Watcher, closeFn func(), specs []spec, out sink) (func(), error) {
 	// One context, so one stream: clientv3 shares a stream among watches
 	// whose contexts carry the same metadata.
 	wctx, cancel := context.WithCancel(context.Background())
@@ -178,6 +185,20 @@ func (c clientv3Client) watch(ctx context.Context, conn *grpc.ClientConn, specs 
 			fmt.Printf("# clientv3: %d re-watches\n", rewatches.Load())
 		}
 	}, nil
+}
+
+// clientv3watchClient is clientv3's application code, unchanged, on the
+// drop-in Watcher: what the one-line switch buys a clientv3 program.
+type clientv3watchClient struct{ opts []etcdwatch.Option }
+
+// A contender, listed in allContenders.
+var _ contender = clientv3watchClient{}
+
+func (clientv3watchClient) name() string { return "clientv3watch" }
+
+func (c clientv3watchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
+	w := clientv3watch.NewFromConn(conn, c.opts...)
+	return clientv3Client{}.watchOn(ctx, w, func() { w.Close() }, specs, out)
 }
 
 // sleepCtx waits d and reports true, or false if ctx ends first.

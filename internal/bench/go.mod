@@ -4,11 +4,13 @@ go 1.26.0
 
 replace (
 	github.com/etcdwatch/etcdwatch => ../..
+	github.com/etcdwatch/etcdwatch/clientv3watch => ../../clientv3watch
 	github.com/etcdwatch/etcdwatch/etcdwatchtest => ../../etcdwatchtest
 )
 
 require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000
+	github.com/etcdwatch/etcdwatch/clientv3watch v0.0.0-00010101000000-000000000000
 	github.com/etcdwatch/etcdwatch/etcdwatchtest v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
