@@ -191,9 +191,6 @@ func (c clientv3Client) watchOn(ctx context.Context, w clientv3.Watcher, closeFn
 // drop-in Watcher: what the one-line switch buys a clientv3 program.
 type clientv3watchClient struct{ opts []etcdwatch.Option }
 
-// A contender, listed in allContenders.
-var _ contender = clientv3watchClient{}
-
 func (clientv3watchClient) name() string { return "clientv3watch" }
 
 func (c clientv3watchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {

@@ -38,7 +38,7 @@ var (
 	memoryChildOf  = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
 	callers        = flag.Int("callers", 0, "etcdwatch opens its watches with one WatchAll (0), or with this many goroutines calling Watch")
 	verbose        = flag.Bool("v", false, "print each etcdwatch run's stream counters")
-	contendersFlag = flag.String("contenders", "raw,clientv3,etcdwatch", "contenders to run, comma-separated")
+	contendersFlag = flag.String("contenders", "raw,clientv3,clientv3watch,etcdwatch", "contenders to run, comma-separated")
 	cpuProfile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memProfile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 )
@@ -183,16 +183,24 @@ func runWorkload(w workload) {
 		}
 		fmt.Println(line)
 	}
+	// ratio is a's median of m over b's, when both ran.
+	ratio := func(a, b, m string) string {
+		x, okA := medians[a][m]
+		y, okB := medians[b][m]
+		if !okA || !okB || y == 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f", x/y)
+	}
 	for _, m := range w.metrics {
-		e := medians["etcdwatch"][m]
-		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s\n", w.name, m,
-			ratio(e, medians["clientv3"][m]), ratio(e, medians["raw"][m]))
+		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s clientv3watch/clientv3=%s\n", w.name, m,
+			ratio("etcdwatch", "clientv3", m), ratio("etcdwatch", "raw", m), ratio("clientv3watch", "clientv3", m))
 	}
 }
 
 // allContenders returns every contender, with its default settings.
 func allContenders() []contender {
-	return []contender{rawClient{}, clientv3Client{}, etcdwatchClient{}}
+	return []contender{rawClient{}, clientv3Client{}, clientv3watchClient{}, etcdwatchClient{}}
 }
 
 // contenderNamed returns the contender called name, or exits.
@@ -204,13 +212,6 @@ func contenderNamed(name string) contender {
 	}
 	check(fmt.Errorf("no contender %q", name))
 	return nil
-}
-
-func ratio(a, b float64) string {
-	if b == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2f", a/b)
 }
 
 func num(v float64) string {
