@@ -94,12 +94,27 @@ func seedRaceWith(t *testing.T, e *Env, watchAll bool) {
 	upTo <- revs[len(revs)-1]
 	equal(t, revs, <-got, "busy watch: revisions of its events")
 
+	ownEvent := func(i int) {
+		events := nextEvents(t, watches[i])
+		check(t, len(events) == 1 && string(events[0].Key) == own(i) && string(events[0].Value) == fmt.Sprint("own-", i),
+			"watch %d on %s got %v", i, own(i), events)
+	}
+	// Then nothing else up to a bookmark. A server with etcd #15220 answers
+	// progress at once, ahead of events it holds back (a watcher whose
+	// channel was full waits as a victim): there each watch's own event is
+	// read first, or the bookmark would hide it (seen on 3.4.23).
+	eventFirst := e.Version.ProgressRunsAhead()
+	if eventFirst {
+		for i := range watches {
+			ownEvent(i)
+		}
+	}
 	rev, err := s.RequestProgress(ctx)
 	must(t, err)
 	for i, w := range watches {
-		events := nextEvents(t, w)
-		check(t, len(events) == 1 && string(events[0].Key) == own(i) && string(events[0].Value) == fmt.Sprint("own-", i),
-			"watch %d on %s got %v", i, own(i), events)
+		if !eventFirst {
+			ownEvent(i)
+		}
 		untilBookmark(t, w, rev)
 	}
 	t.Logf("%d watches created beside %d writes; progress at %d", n, len(revs), rev)
