@@ -118,18 +118,31 @@ func TestRequestProgressSurvivesReconnect(t *testing.T) {
 // replaced; its watches carry on over the new one.
 func TestSilentStreamIsReplaced(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithLiveness(20*time.Millisecond, 50*time.Millisecond))
-	w := h.watch(etcdwatch.Key("a"), 3)
-	// The first probe is answered, as etcd would; the stream stays.
-	probe := h.srv.RecvCreate(t)
+	// A probe may come before the watch's create on a slow machine: serve
+	// requests until the watch is confirmed, answering probes too.
+	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	for {
+		if c := h.srv.Recv(t).GetCreateRequest(); c != nil {
+			h.srv.Send(t, ws.Created(c.WatchId, 3))
+			if string(c.Key) == "a" {
+				break
+			}
+		}
+	}
+	w := recvResult(t, res).w
+	// The next probe is answered, as etcd would; the stream stays, and the
+	// probe watch is released.
+	probe := nextCreate(t, h.srv)
 	require.NotEqual(t, "a", string(probe.Key))
 	h.srv.Send(t, ws.Created(probe.WatchId, 3))
-	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t), "the probe watch must be released")
+	for h.srv.RecvCancel(t) != probe.WatchId { // an earlier probe's cancel may come first
+	}
 	// The next probe is not: the stream must be given up.
 	silent := h.srv
-	require.NotEqual(t, "a", string(silent.RecvCreate(t).Key))
+	require.NotEqual(t, "a", string(nextCreate(t, silent).Key))
 	require.True(t, silent.Ended(t), "silent stream not ended")
 	h.srv = h.server.Accept(t)
-	c := h.srv.RecvCreate(t)
+	c := nextCreate(t, h.srv)
 	require.Equal(t, "a", string(c.Key))
 	require.Equal(t, int64(3), c.StartRevision)
 	h.srv.Send(t, ws.Created(c.WatchId, 9))
@@ -137,6 +150,19 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	require.Equal(t, int64(9), next(t, w).Revision)
 	require.Equal(t, uint64(1), h.s.Stats().Reconnects)
 	require.Equal(t, int64(1), h.s.Stats().Watches, "probes are not watches")
+}
+
+// nextCreate returns the next create request on st, skipping cancels (of
+// probes answered earlier).
+func nextCreate(t *testing.T, st *ws.Stream) *pb.WatchCreateRequest {
+	t.Helper()
+	for {
+		req := st.Recv(t)
+		if c := req.GetCreateRequest(); c != nil {
+			return c
+		}
+		require.NotNil(t, req.GetCancelRequest(), "want a create or a cancel, got %v", req)
+	}
 }
 
 // TestRequireLeaderMetadata: WithRequireLeader marks the stream so that etcd
