@@ -5,7 +5,7 @@ SHELL := bash
 # The root module and the nested modules that need a real etcd.
 # The bench module has no tests (vet only); it goes first so that the run
 # closes on test results.
-MODULES := internal/bench compat/etcd35/server compat/etcd36/server . etcdwatchtest internal/e2e examples compat/scenarios compat/etcd37 compat/etcd36 compat/etcd35 compat/etcd34
+MODULES := internal/bench compat/etcd35/server compat/etcd36/server . etcdwatchtest etcdwatchprom clientv3watch internal/e2e examples compat/scenarios compat/etcd37 compat/etcd36 compat/etcd35 compat/etcd34
 FUZZTIME ?= 30s
 # staticcheck, pinned; fetched from the module proxy on first use.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
