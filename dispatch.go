@@ -58,8 +58,11 @@ type dispatcher struct {
 	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece
 	ctxs       map[<-chan struct{}]*ctxGroup // watches by the Done channel of their contexts
 
-	progress progressState
-	stall    stall // a consumer at its buffer limit holding up the stream
+	progress       progressState
+	release        serverRelease // the servers' release, if it answers progress ahead of events
+	releaseKnown   bool          // probeRelease has told what it learned
+	progressUnsafe bool          // the release answers progress requests ahead of its events
+	stall          stall         // a consumer at its buffer limit holding up the stream
 }
 
 func newDispatcher(s *Stream, open opener) *dispatcher {
@@ -225,6 +228,10 @@ func (d *dispatcher) handleCommand(c any) {
 		d.handleResume(c.w)
 	case progressCmd:
 		d.handleProgressRequest(c.p)
+	case versionCmd:
+		d.handleVersion(c)
+	default:
+		panic(fmt.Sprintf("etcdwatch: dispatcher got an unknown command %T", c))
 	}
 }
 

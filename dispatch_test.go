@@ -440,3 +440,20 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	close(s.closing)
 	d.shutdown()
 }
+
+// TestProgressRunsAhead: the releases with etcd #15220.
+func TestProgressRunsAhead(t *testing.T) {
+	for version, want := range map[string]bool{
+		"3.4.0": true, "3.4.23": true, "3.4.24": true, "3.4.25": false, "3.4.31": false,
+		"3.5.0": true, "3.5.7": true, "3.5.8": false, "3.5.35": false,
+		"3.6.0": false, "3.7.3": false, "3.5.7-rc.0": true, "4.0.0": false,
+	} {
+		r, ok := parseRelease(version)
+		if !ok || r.progressRunsAhead() != want {
+			t.Errorf("%s: parsed %v, runs ahead %v, want %v", version, ok, r.progressRunsAhead(), want)
+		}
+	}
+	if _, ok := parseRelease("main"); ok {
+		t.Error(`"main" parsed as a release`)
+	}
+}

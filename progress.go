@@ -29,12 +29,13 @@ type progressState struct {
 	retry    time.Duration
 	waiting  []*progressWaiter // covered by the request in flight
 	next     []*progressWaiter // joined after that request was sent
+	held     []*progressWaiter // arrived before the servers' release was known
 	inFlight bool
 	timer    // runs while a request is in flight
 }
 
 // waited reports whether a RequestProgress call waits for an answer.
-func (p *progressState) waited() bool { return len(p.waiting)+len(p.next) > 0 }
+func (p *progressState) waited() bool { return len(p.waiting)+len(p.next)+len(p.held) > 0 }
 
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	d.stallShared()
@@ -42,6 +43,10 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
+	case !d.releaseKnown: // its answer could run ahead of events on some releases
+		d.progress.held = append(d.progress.held, p)
+	case d.progressUnsafe:
+		p.reply <- progressResult{err: d.progressUnsupported()}
 	case !d.hasWatches():
 		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progress.inFlight:
@@ -55,6 +60,9 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 // handleStreamProgress takes a stream-wide progress response (id -1): every
 // active watch gets a bookmark, and waiting RequestProgress calls the revision.
 func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
+	if d.progressUnsafe {
+		return // an answer to a request sent before the release was known: it may run ahead
+	}
 	for _, w := range d.watches {
 		d.bookmark(w, resp.Header)
 	}
@@ -124,9 +132,9 @@ func (d *dispatcher) resendProgress() {
 
 // fail answers every waiting call with err.
 func (p *progressState) fail(err error) {
-	for _, w := range slices.Concat(p.waiting, p.next) {
+	for _, w := range slices.Concat(p.waiting, p.next, p.held) {
 		w.reply <- progressResult{err: err}
 	}
-	p.waiting, p.next, p.inFlight = nil, nil, false
+	p.waiting, p.next, p.held, p.inFlight = nil, nil, nil, false
 	p.stop()
 }

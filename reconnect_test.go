@@ -399,3 +399,45 @@ func TestResumedCountsConfirmedWatches(t *testing.T) {
 	require.Equal(t, int64(2), next(t, w).Revision)
 	require.Equal(t, uint64(1), h.s.Stats().Resumed)
 }
+
+// TestProgressOffWhereItRunsAhead: on an etcd whose progress answers can
+// run ahead of its events (#15220), learned from the Status RPC at Open,
+// RequestProgress fails with ErrProgressUnsupported and sends nothing, and
+// a stream-wide answer to a request sent before the release was known
+// gives no bookmark: an event at or below its revision is still delivered.
+func TestProgressOffWhereItRunsAhead(t *testing.T) {
+	server := ws.StartRelease(t, "3.4.23")
+	s, err := etcdwatch.Open(server.Dial(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	w := h.watch(etcdwatch.Key("a"), 1)
+	var err2 error
+	require.Eventually(t, func() bool {
+		_, err2 = s.RequestProgress(context.Background())
+		return errors.Is(err2, etcdwatch.ErrProgressUnsupported)
+	}, wait, time.Millisecond, "RequestProgress on etcd 3.4.23: %v", err2)
+	h.srv.Send(t, ws.Progress(-1, 20)) // late, or unasked: ahead of revision 5 below
+	h.srv.Send(t, ws.Events(w.ID(), 20, ws.Put("a", "v", 5)))
+	r := next(t, w)
+	require.False(t, r.IsProgress(), "a stream-wide bookmark was delivered")
+	require.Equal(t, int64(5), r.Revision)
+	require.Zero(t, s.Stats().DuplicatesDropped)
+}
+
+// TestProgressOnWhereItIsSafe: on a fixed release, RequestProgress works.
+func TestProgressOnWhereItIsSafe(t *testing.T) {
+	for _, version := range []string{"3.4.25", "3.5.8", "3.5.35", "3.6.16", "3.7.3"} {
+		server := ws.StartRelease(t, version)
+		s, err := etcdwatch.Open(server.Dial(t))
+		require.NoError(t, err)
+		h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+		w := h.watch(etcdwatch.Key("a"), 1)
+		got := h.progressAsync()
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), version)
+		h.srv.Send(t, ws.Progress(-1, 7))
+		require.NoError(t, recvProgress(t, got).err, version)
+		require.True(t, next(t, w).IsProgress(), version)
+		require.NoError(t, s.Close())
+	}
+}

@@ -26,7 +26,9 @@ type Stream struct {
 	closing chan struct{} // closed by Close
 	done    chan struct{} // closed when the dispatcher has exited, after Close
 	once    sync.Once
-	pumps   sync.WaitGroup // running Watch.pump goroutines
+	pumps   sync.WaitGroup     // running Watch.pump goroutines
+	probe   sync.WaitGroup     // the probeRelease goroutine
+	stop    context.CancelFunc // ends probeRelease; called by Close
 	stats   counters
 	state   stateBox
 }
@@ -64,6 +66,9 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		defer close(s.done)
 		d.run()
 	}()
+	ctx, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.probe.Go(func() { s.probeRelease(ctx) }) // exits once answered, refused or given up, or at Close; Close waits
 	return s, nil
 }
 
@@ -220,6 +225,12 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // up, and never while a watch waits for a future revision, so the request is
 // repeated (WithProgressRetry) until answered or ctx ends: bound ctx. It
 // returns ErrNoWatches when the stream has no watch the server could answer for.
+//
+// On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, whose progress answers can run
+// ahead of events the server has yet to send (etcd #15220), a bookmark
+// would make the watches drop those events: there RequestProgress returns
+// ErrProgressUnsupported. The Stream asks the server its release (the
+// Maintenance Status RPC) when it opens, and a call waits for that answer.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 	p := &progressWaiter{ctx: ctx, reply: make(chan progressResult, 1)}
 	if !s.command(progressCmd{p}) {
@@ -256,7 +267,11 @@ func (s *Stream) connectionFailed(err error) {
 // Close ends every watch with ErrClosed, ends the gRPC stream and waits for
 // every goroutine of the Stream. It is idempotent and always returns nil.
 func (s *Stream) Close() error {
-	s.once.Do(func() { close(s.closing) })
+	s.once.Do(func() {
+		s.stop()
+		close(s.closing)
+	})
+	s.probe.Wait()
 	<-s.done
 	s.pumps.Wait()
 	return nil

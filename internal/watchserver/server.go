@@ -14,8 +14,10 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 )
 
@@ -30,14 +32,38 @@ type Server struct {
 	streams chan *Stream
 }
 
+// maintenance answers the Maintenance Status RPC with a release, when the
+// test set one; without, the RPC is unimplemented, as on a server the
+// client cannot ask.
+type maintenance struct {
+	pb.UnimplementedMaintenanceServer
+	version string
+}
+
+func (m maintenance) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
+	if m.version == "" {
+		return nil, status.Error(codes.Unimplemented, "watchserver: no release set")
+	}
+	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1}, Version: m.version}, nil
+}
+
+// StartRelease serves a new Server that reports version (such as "3.4.23")
+// to the Maintenance Status RPC.
+func StartRelease(t testing.TB, version string) *Server {
+	return start(t, version)
+}
+
 // Start serves a new Server until the test ends.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return start(t, "") }
+
+func start(t testing.TB, version string) *Server {
 	s := &Server{
 		lis:     bufconn.Listen(1 << 20),
 		srv:     grpc.NewServer(),
 		streams: make(chan *Stream, 16),
 	}
 	pb.RegisterWatchServer(s.srv, s)
+	pb.RegisterMaintenanceServer(s.srv, maintenance{version: version})
 	served := make(chan struct{})
 	go func() { // exits when the server stops
 		defer close(served)

@@ -1,0 +1,115 @@
+package etcdwatch
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// serverRelease is an etcd release, as the Maintenance Status RPC reports it.
+type serverRelease struct{ major, minor, patch int }
+
+// parseRelease reads "3.5.35"; a suffix such as "-rc.0" is ignored.
+func parseRelease(s string) (serverRelease, bool) {
+	var r serverRelease
+	_, err := fmt.Sscanf(s, "%d.%d.%d", &r.major, &r.minor, &r.patch)
+	return r, err == nil
+}
+
+// progressRunsAhead reports etcd #15220: the server answers a progress
+// request at once with its store's revision, possibly before events at or
+// below it that the stream has yet to send (3.4.0-3.4.24, 3.5.0-3.5.7).
+// A bookmark at that revision would then make the Stream drop those events
+// as duplicates.
+func (r serverRelease) progressRunsAhead() bool {
+	if r.major != 3 {
+		return false
+	}
+	return r.minor == 4 && r.patch <= 24 || r.minor == 5 && r.patch <= 7
+}
+
+// versionCmd tells the dispatcher the release of the cluster's members, or
+// that it will not be known (ok false).
+type versionCmd struct {
+	release serverRelease
+	ok      bool
+}
+
+// probeAttempts bounds how often probeRelease asks before it gives up.
+const probeAttempts = 10
+
+// probeRelease asks the server its release, once it answers, and tells the
+// dispatcher. A Stream assumes every member of a cluster runs the same
+// release; during a rolling upgrade the member that answers decides. It
+// gives up on a server without the RPC or one that refuses it, after
+// probeAttempts failures, or when the Stream closes; the release is then
+// unknown, and taken to be one without etcd #15220.
+func (s *Stream) probeRelease(ctx context.Context) {
+	r, ok := s.askRelease(ctx)
+	s.command(versionCmd{r, ok})
+}
+
+func (s *Stream) askRelease(ctx context.Context) (serverRelease, bool) {
+	m := pb.NewMaintenanceClient(s.conn)
+	for attempt := 1; ; attempt++ {
+		resp, err := m.Status(ctx, &pb.StatusRequest{}, append([]grpc.CallOption{grpc.WaitForReady(true)}, s.opts.callOptions...)...)
+		if err == nil {
+			r, ok := parseRelease(resp.Version)
+			if !ok {
+				s.opts.logger.Debug("etcdwatch: server release not understood", "version", resp.Version)
+			}
+			return r, ok
+		}
+		switch status.Code(err) {
+		case codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated, codes.Canceled:
+			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err)
+			return serverRelease{}, false
+		}
+		if attempt == probeAttempts || !sleepCtx(ctx, time.Duration(attempt)*time.Second) {
+			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err, "attempts", attempt)
+			return serverRelease{}, false
+		}
+	}
+}
+
+// sleepCtx waits d and reports true, or false if ctx ends first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// handleVersion takes the servers' release, and answers the RequestProgress
+// calls that waited for it. On a release whose progress answers can run
+// ahead of its events, stream-wide progress is not used: RequestProgress
+// fails with ErrProgressUnsupported.
+func (d *dispatcher) handleVersion(c versionCmd) {
+	d.releaseKnown = true
+	if c.ok && c.release.progressRunsAhead() {
+		d.release, d.progressUnsafe = c.release, true
+		d.log.Warn("etcdwatch: this etcd answers progress requests ahead of its events (etcd #15220); RequestProgress is off",
+			"version", fmt.Sprintf("%d.%d.%d", c.release.major, c.release.minor, c.release.patch))
+	}
+	held := d.progress.held
+	d.progress.held = nil
+	for _, p := range held {
+		d.handleProgressRequest(p)
+	}
+}
+
+// progressUnsupported is the error RequestProgress returns on such a server.
+func (d *dispatcher) progressUnsupported() error {
+	r := d.release
+	return fmt.Errorf("%w: etcd %d.%d.%d answers progress requests ahead of its events (etcd #15220; fixed in 3.4.25 and 3.5.8)",
+		ErrProgressUnsupported, r.major, r.minor, r.patch)
+}
