@@ -71,6 +71,7 @@ type CompactedError struct {
 	Revision        int64 // the revision the watch needed next
 }
 
+// Error says which revision the watch needed and how far history is gone.
 func (e *CompactedError) Error() string {
 	return fmt.Sprintf("etcdwatch: watch needs revision %d, compacted up to %d", e.Revision, e.CompactRevision)
 }
@@ -87,14 +88,22 @@ type ServerError struct {
 	kind   error
 }
 
+// Error is the sentinel's text and the server's reason.
 func (e *ServerError) Error() string {
 	if e.Reason == "" {
-		return e.kind.Error()
+		return e.Unwrap().Error()
 	}
-	return e.kind.Error() + ": " + e.Reason
+	return e.Unwrap().Error() + ": " + e.Reason
 }
 
-func (e *ServerError) Unwrap() error { return e.kind }
+// Unwrap returns the sentinel the reason was classified as:
+// ErrServerCanceled for a ServerError made by hand (a test's).
+func (e *ServerError) Unwrap() error {
+	if e.kind == nil {
+		return ErrServerCanceled
+	}
+	return e.kind
+}
 
 // serverReasons maps fragments of etcd's cancel_reason texts to sentinels.
 // Reasons may arrive bare ("etcdserver: permission denied") or as a whole gRPC

@@ -12,6 +12,7 @@ const (
 	Delete EventType = EventType(mvccpb.DELETE)
 )
 
+// String returns "PUT", "DELETE" or "UNKNOWN".
 func (t EventType) String() string {
 	switch t {
 	case Put:

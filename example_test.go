@@ -173,3 +173,11 @@ func ExampleCompactedError() {
 	// watch from 12: revisions up to 90 are gone; read the keys, then watch from the read's revision + 1
 	// true
 }
+
+func ExampleServerError() {
+	var err error = &etcdwatch.ServerError{Reason: "etcdserver: no space"} // as a test might make one
+	var se *etcdwatch.ServerError
+	fmt.Println(errors.As(err, &se), se.Reason, errors.Is(err, etcdwatch.ErrServerCanceled))
+	// Output:
+	// true etcdserver: no space true
+}

@@ -12,6 +12,7 @@ import (
 // reports it.
 type Version struct{ Major, Minor, Patch int }
 
+// String returns "3.5.35".
 func (v Version) String() string { return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Patch) }
 
 // ParseVersion reads "3.5.35" (a suffix such as "-rc.0" is ignored).
