@@ -59,22 +59,29 @@ type tokenAuth struct {
 	turn           chan struct{}
 
 	mu       sync.Mutex
-	token    string    // "" with known: the server has auth disabled
-	known    bool      // token may be used
-	failedAt time.Time // when the last Authenticate failed
+	token    string     // "" with known: the server has auth disabled
+	known    bool       // token may be used
+	failedAt time.Time  // when the last Authenticate failed
+	refused  *authError // the server refused the user or password: final, every RPC gets it
 }
 
-// current returns the token if it may be used.
-func (a *tokenAuth) current() (string, bool) {
+// current returns the token if it may be used, or the final refusal of the
+// user or password.
+func (a *tokenAuth) current() (string, bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.token, a.known
+	if a.refused != nil {
+		return "", false, a.refused
+	}
+	return a.token, a.known, nil
 }
 
-// get returns a token to use, authenticating if there is none.
+// get returns a token to use, authenticating if there is none. A refused
+// user or password is asked for once: every RPC after gets that refusal
+// (the Stream's release probe and its first Watch stream race for it).
 func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error) {
-	if tok, ok := a.current(); ok {
-		return tok, nil
+	if tok, ok, err := a.current(); ok || err != nil {
+		return tok, err
 	}
 	select {
 	case a.turn <- struct{}{}:
@@ -82,8 +89,8 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error
 		return "", status.FromContextError(ctx.Err()).Err()
 	}
 	defer func() { <-a.turn }()
-	if tok, ok := a.current(); ok { // another caller authenticated meanwhile
-		return tok, nil
+	if tok, ok, err := a.current(); ok || err != nil { // another caller authenticated, or was refused, meanwhile
+		return tok, err
 	}
 	a.mu.Lock()
 	wait := time.Until(a.failedAt.Add(authSpacing))
@@ -102,6 +109,10 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error
 	defer a.mu.Unlock()
 	if err != nil {
 		a.failedAt = time.Now()
+		var refused *authError
+		if errors.As(err, &refused) {
+			a.refused = refused
+		}
 		return "", err
 	}
 	a.token, a.known = tok, true
