@@ -5,47 +5,15 @@
 package etcd36
 
 import (
-	"fmt"
 	"os"
 	"testing"
-
-	"go.uber.org/goleak"
 
 	"github.com/etcdwatch/etcdwatch/compat/scenarios"
 )
 
-// want is the release ./server/go.mod pins.
-const want = "3.6.16"
-
 // bin is the server binary TestMain built.
 var bin string
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
+func TestMain(m *testing.M) { os.Exit(scenarios.MainBuilt(m, "server", &bin)) }
 
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "etcdwatch-etcd36-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if bin, err = scenarios.BuildServer("server", dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			return 1
-		}
-	}
-	return code
-}
-
-func TestEtcd36(t *testing.T) {
-	p := scenarios.StartProcess(t, bin)
-	if v := scenarios.Run(t, p.Endpoint); v.String() != want {
-		t.Errorf("the server reports etcd %s, want %s", v, want)
-	}
-}
+func TestEtcd36(t *testing.T) { scenarios.RunBuilt(t, bin, "3.6.16") } // the release ./server/go.mod pins

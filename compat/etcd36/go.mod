@@ -7,16 +7,14 @@ replace (
 	github.com/etcdwatch/etcdwatch/compat/scenarios => ../scenarios
 )
 
-require (
-	github.com/etcdwatch/etcdwatch/compat/scenarios v0.0.0-00010101000000-000000000000
-	go.uber.org/goleak v1.3.0
-)
+require github.com/etcdwatch/etcdwatch/compat/scenarios v0.0.0-00010101000000-000000000000
 
 require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.43.0 // indirect

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -209,4 +210,38 @@ func BuildServer(dir, out string) (string, error) {
 		return "", fmt.Errorf("scenarios: go build in %s: %w\n%s", dir, err, b)
 	}
 	return bin, nil
+}
+
+// MainBuilt is the TestMain of a module that runs the scenarios against a
+// server it builds from the module in serverDir: it builds the binary into
+// a temporary directory, stores its path in bin, runs the tests, and then
+// checks that no goroutine outlives them. It returns the exit code.
+func MainBuilt(m *testing.M, serverDir string, bin *string) int {
+	dir, err := os.MkdirTemp("", "etcdwatch-compat-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bin, err = BuildServer(serverDir, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// RunBuilt runs every scenario against a member of the server binary bin
+// and checks that it reports release want.
+func RunBuilt(t *testing.T, bin, want string) {
+	p := StartProcess(t, bin)
+	if v := Run(t, p.Endpoint); v.String() != want {
+		t.Errorf("the server reports etcd %s, want %s", v, want)
+	}
 }
