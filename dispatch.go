@@ -59,10 +59,9 @@ type dispatcher struct {
 	ctxs       map[<-chan struct{}]*ctxGroup // watches by the Done channel of their contexts
 
 	progress       progressState
-	release        serverRelease // the servers' release, if it answers progress ahead of events
-	releaseKnown   bool          // probeRelease has told what it learned
-	progressUnsafe bool          // the release answers progress requests ahead of its events
-	stall          stall         // a consumer at its buffer limit holding up the stream
+	releaseKnown   bool  // probeRelease has told what it learned
+	progressUnsafe error // why RequestProgress is refused (etcd #15220); nil where it is safe
+	stall          stall // a consumer at its buffer limit holding up the stream
 }
 
 func newDispatcher(s *Stream, open opener) *dispatcher {

@@ -45,8 +45,8 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 		p.reply <- progressResult{err: d.failed}
 	case !d.releaseKnown: // its answer could run ahead of events on some releases
 		d.progress.held = append(d.progress.held, p)
-	case d.progressUnsafe:
-		p.reply <- progressResult{err: d.progressUnsupported()}
+	case d.progressUnsafe != nil:
+		p.reply <- progressResult{err: d.progressUnsafe}
 	case !d.hasWatches():
 		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progress.inFlight:
@@ -60,7 +60,7 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 // handleStreamProgress takes a stream-wide progress response (id -1): every
 // active watch gets a bookmark, and waiting RequestProgress calls the revision.
 func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
-	if d.progressUnsafe {
+	if d.progressUnsafe != nil {
 		return // an answer to a request sent before the release was known: it may run ahead
 	}
 	for _, w := range d.watches {

@@ -96,9 +96,10 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (d *dispatcher) handleVersion(c versionCmd) {
 	d.releaseKnown = true
 	if c.ok && c.release.progressRunsAhead() {
-		d.release, d.progressUnsafe = c.release, true
+		d.progressUnsafe = fmt.Errorf("%w: etcd %s answers progress requests ahead of its events (etcd #15220; fixed in 3.4.25 and 3.5.8)",
+			ErrProgressUnsupported, c.release)
 		d.log.Warn("etcdwatch: this etcd answers progress requests ahead of its events (etcd #15220); RequestProgress is off",
-			"version", fmt.Sprintf("%d.%d.%d", c.release.major, c.release.minor, c.release.patch))
+			"version", c.release.String())
 	}
 	held := d.progress.held
 	d.progress.held = nil
@@ -107,9 +108,5 @@ func (d *dispatcher) handleVersion(c versionCmd) {
 	}
 }
 
-// progressUnsupported is the error RequestProgress returns on such a server.
-func (d *dispatcher) progressUnsupported() error {
-	r := d.release
-	return fmt.Errorf("%w: etcd %d.%d.%d answers progress requests ahead of its events (etcd #15220; fixed in 3.4.25 and 3.5.8)",
-		ErrProgressUnsupported, r.major, r.minor, r.patch)
-}
+// String returns "3.4.23".
+func (r serverRelease) String() string { return fmt.Sprintf("%d.%d.%d", r.major, r.minor, r.patch) }
