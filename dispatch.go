@@ -429,7 +429,10 @@ func (d *dispatcher) handleResponse(resp *wireResponse) {
 	if !d.sessHeard {
 		d.streamWorks()
 	}
-	d.maxRev = max(d.maxRev, resp.Header.Revision)
+	if resp.Header.Revision > d.maxRev {
+		d.maxRev = resp.Header.Revision
+		d.s.stats.revision.Store(d.maxRev)
+	}
 	switch kindOf(resp) {
 	case kindCreated:
 		d.handleCreated(resp)

@@ -36,6 +36,7 @@ type counters struct {
 	duplicates, unknown          atomic.Uint64
 	reconnects, resumed          atomic.Uint64
 	lastMessage                  atomic.Int64 // UnixNano
+	revision                     atomic.Int64 // the highest header revision seen, for ViewStats.Lag
 	idsRewritten                 atomic.Bool
 }
 

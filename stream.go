@@ -28,9 +28,11 @@ type Stream struct {
 	once    sync.Once
 	pumps   sync.WaitGroup     // running Watch.pump goroutines
 	probe   sync.WaitGroup     // the probeRelease goroutine
-	stop    context.CancelFunc // ends probeRelease; called by Close
+	base    context.Context         // ends at Close, with ErrClosed: the probe's and the views' contexts derive from it
+	stop    context.CancelCauseFunc // ends base; called by Close
 	stats   counters
 	state   stateBox
+	views   viewRegistry // the views' shared states
 }
 
 // Open starts a Stream on conn, typically a *grpc.ClientConn dialed to one or
@@ -66,9 +68,8 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		defer close(s.done)
 		d.run()
 	}()
-	ctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
-	s.probe.Go(func() { s.probeRelease(ctx) }) // exits once answered, refused or given up, or at Close; Close waits
+	s.base, s.stop = context.WithCancelCause(context.Background())
+	s.probe.Go(func() { s.probeRelease(s.base) }) // exits once answered, refused or given up, or at Close; Close waits
 	return s, nil
 }
 
@@ -264,14 +265,17 @@ func (s *Stream) connectionFailed(err error) {
 	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
 }
 
-// Close ends every watch with ErrClosed, ends the gRPC stream and waits for
-// every goroutine of the Stream. It is idempotent and always returns nil.
+// Close ends every watch and view with ErrClosed, ends the gRPC stream and
+// waits for every goroutine of the Stream and of its views. It is idempotent
+// and always returns nil.
 func (s *Stream) Close() error {
 	s.once.Do(func() {
-		s.stop()
+		s.stop(ErrClosed)
+		s.views.close()
 		close(s.closing)
 	})
 	s.probe.Wait()
+	s.views.wait()
 	<-s.done
 	s.pumps.Wait()
 	return nil

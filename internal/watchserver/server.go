@@ -30,6 +30,7 @@ type Server struct {
 	lis     *bufconn.Listener
 	srv     *grpc.Server
 	streams chan *Stream
+	kv      *KV
 }
 
 // maintenance answers the Maintenance Status RPC with a release, when the
@@ -61,8 +62,10 @@ func start(t testing.TB, version string) *Server {
 		lis:     bufconn.Listen(1 << 20),
 		srv:     grpc.NewServer(),
 		streams: make(chan *Stream, 16),
+		kv:      newKV(),
 	}
 	pb.RegisterWatchServer(s.srv, s)
+	pb.RegisterKVServer(s.srv, kvService{kv: s.kv})
 	pb.RegisterMaintenanceServer(s.srv, maintenance{version: version})
 	served := make(chan struct{})
 	go func() { // exits when the server stops

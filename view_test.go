@@ -1,0 +1,487 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+// viewHarness is a view on a scripted server: the harness's Stream, the
+// server's KV, and the id of the view's current server-side watch.
+type viewHarness[T any] struct {
+	*harness
+	kv *ws.KV
+	v  *etcdwatch.View[T]
+	id int64
+}
+
+// viewWatchIDs numbers the views' server-side watches, apart from others.
+var viewWatchIDs atomic.Int64
+
+type viewResult[T any] struct {
+	v   *etcdwatch.View[T]
+	err error
+}
+
+func newViewAsync[T any](h *harness, r etcdwatch.Request, decode etcdwatch.Decoder[T], opts ...etcdwatch.ViewOption) <-chan viewResult[T] {
+	ch := make(chan viewResult[T], 1)
+	go func() {
+		v, err := etcdwatch.NewView(context.Background(), h.s, r, decode, opts...)
+		ch <- viewResult[T]{v, err}
+	}()
+	return ch
+}
+
+// openView opens a view of prefix "v/" and confirms its watch, which must
+// start right after the revision the KV had when listed.
+func openView[T any](h *harness, decode etcdwatch.Decoder[T], opts ...etcdwatch.ViewOption) *viewHarness[T] {
+	h.t.Helper()
+	vh := &viewHarness[T]{harness: h, kv: h.server.KV()}
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), decode, opts...)
+	vh.confirm()
+	r := recv(h.t, res, "NewView")
+	require.NoError(h.t, r.err)
+	vh.v = r.v
+	h.t.Cleanup(func() { r.v.Close() })
+	return vh
+}
+
+// confirm answers the view's next create, checking it starts right after
+// the KV's revision, which the view listed at.
+func (vh *viewHarness[T]) confirm() {
+	vh.t.Helper()
+	c := vh.srv.RecvCreate(vh.t)
+	rev := vh.kv.Revision()
+	require.Equal(vh.t, rev+1, c.StartRevision, "watch from right after the listing")
+	require.True(vh.t, c.ProgressNotify)
+	require.True(vh.t, c.Fragment)
+	vh.id = viewWatchIDs.Add(1)
+	vh.srv.Send(vh.t, ws.Created(vh.id, rev))
+}
+
+// send delivers events to the view's watch and waits until it applied them.
+func (vh *viewHarness[T]) send(events ...*mvccpb.Event) {
+	vh.t.Helper()
+	rev := vh.kv.Revision()
+	vh.srv.Send(vh.t, ws.Events(vh.id, rev, events...))
+	vh.waitFor(events[len(events)-1].Kv.ModRevision)
+}
+
+func (vh *viewHarness[T]) waitFor(rev int64) {
+	vh.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.NoError(vh.t, vh.v.WaitForRevision(ctx, rev))
+}
+
+func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Batch[T] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	b, err := sub.Next(ctx)
+	require.NoError(t, err)
+	return b
+}
+
+// summary is a batch's changes as "kind key" strings, in order.
+func summary[T any](b etcdwatch.Batch[T]) []string {
+	var s []string
+	for _, ch := range b.Changes {
+		s = append(s, ch.Kind.String()+" "+ch.Key)
+	}
+	return s
+}
+
+func viewKeys[T any](v *etcdwatch.View[T]) []string {
+	var ks []string
+	for k := range v.All() {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func putKeys(kv *ws.KV, n int) {
+	for i := range n {
+		kv.Put(fmt.Sprintf("v/%02d", i), strconv.Itoa(i))
+	}
+}
+
+// TestViewListsPagesAtOneRevision: before etcd 3.7 (no RangeStream) the
+// listing goes in pages, each after the first pinned to the first's
+// revision and starting right after the previous page's last key.
+func TestViewListsPagesAtOneRevision(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 7)
+	kv.Put("w/outside", "x")
+	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(3))
+	reqs := kv.Requests()
+	require.Len(t, reqs, 3, "three pages, after a RangeStream refused")
+	rev := kv.Revision()
+	for i, r := range reqs {
+		require.EqualValues(t, 3, r.Limit)
+		if i == 0 {
+			require.Zero(t, r.Revision, "the first page reads linearizably")
+			require.Equal(t, "v/", string(r.Key))
+			continue
+		}
+		require.Equal(t, rev, r.Revision, "page %d pinned to the first page's revision", i)
+	}
+	require.Equal(t, "v/02\x00", string(reqs[1].Key))
+	require.Equal(t, "v/05\x00", string(reqs[2].Key))
+	require.Equal(t, []string{"v/00", "v/01", "v/02", "v/03", "v/04", "v/05", "v/06"}, viewKeys(vh.v))
+	require.Equal(t, rev, vh.v.Revision())
+	e, ok := vh.v.Get("v/04")
+	require.True(t, ok)
+	require.Equal(t, "4", string(e.Value))
+	_, ok = vh.v.Get("w/outside")
+	require.False(t, ok)
+}
+
+// TestViewUsesRangeStream: where the server has RangeStream, one call reads
+// the whole range, and the revision comes from its last message.
+func TestViewUsesRangeStream(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.ServeStreams(2)
+	putKeys(kv, 5)
+	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(1))
+	require.Len(t, kv.Requests(), 1)
+	require.Zero(t, kv.Requests()[0].Limit)
+	require.Equal(t, 5, vh.v.Len())
+	require.Equal(t, kv.Revision(), vh.v.Revision())
+}
+
+// TestViewRetriesAListingThatMayWork: a listing refused as unavailable, or
+// its pinned revision compacted between two pages, is tried again from the
+// start; a refused permission is final.
+func TestViewRetriesAListingThatMayWork(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	kv := h.server.KV()
+	putKeys(kv, 4)
+	kv.FailNext(status.Error(codes.Unavailable, "leader changed"), nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"))
+	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(2))
+	require.Equal(t, 4, vh.v.Len())
+
+	kv.FailNext(status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
+	res := newViewAsync(h, etcdwatch.Prefix("other/"), etcdwatch.DecodeBytes)
+	r := recv(t, res, "NewView")
+	require.Equal(t, codes.PermissionDenied, status.Code(r.err), "%v", r.err)
+	require.Nil(t, r.v)
+}
+
+// TestViewAppliesEventsAndReportsThem: events change the view a response at
+// a time; a subscriber gets them with the entries before and after.
+func TestViewAppliesEventsAndReportsThem(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, etcdwatch.DecodeBytes)
+	start := vh.v.Revision()
+	sub := vh.v.Subscribe(start + 1)
+	vh.send(kv.PutEvent("v/00", "new"), kv.PutEvent("v/09", "nine"))
+	vh.send(kv.DeleteEvent("v/01"))
+
+	b := nextBatch(t, sub)
+	require.Equal(t, etcdwatch.Events, b.Kind)
+	require.Equal(t, start, b.From)
+	require.Equal(t, []string{"updated v/00", "created v/09"}, summary(b))
+	require.Equal(t, "0", string(b.Changes[0].Prev.Value))
+	require.Equal(t, "new", string(b.Changes[0].Entry.Value))
+	require.EqualValues(t, 2, b.Changes[0].Entry.Version)
+	b2 := nextBatch(t, sub)
+	require.Equal(t, b.Revision, b2.From)
+	require.Equal(t, []string{"deleted v/01"}, summary(b2))
+	require.Equal(t, []string{"v/00", "v/09"}, viewKeys(vh.v))
+	require.Equal(t, kv.Revision(), vh.v.Revision())
+	require.EqualValues(t, len("v/00new")+len("v/09nine"), vh.v.Stats().Bytes)
+}
+
+// TestViewRelistsWithTheExactDifference: a watch ended by compaction makes
+// the view list again and report only what changed in between, a key
+// deleted and created again as both.
+func TestViewRelistsWithTheExactDifference(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	for _, k := range []string{"same", "upd", "del", "recreate"} {
+		kv.Put("v/"+k, "1")
+	}
+	vh := openView(h, etcdwatch.DecodeBytes)
+	start := vh.v.Revision()
+	sub := vh.v.Subscribe(start + 1)
+
+	kv.Put("v/upd", "2")
+	kv.Delete("v/del")
+	kv.Put("v/new", "1")
+	kv.Delete("v/recreate")
+	kv.Put("v/recreate", "2")
+	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))
+	vh.confirm()
+
+	b := nextBatch(t, sub)
+	require.Equal(t, etcdwatch.Relisted, b.Kind)
+	require.Equal(t, start, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd"}, summary(b))
+	for _, ch := range b.Changes {
+		require.Equal(t, b.Revision, ch.Revision)
+	}
+	require.EqualValues(t, 1, vh.v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
+
+	vh.send(kv.PutEvent("v/same", "2")) // the new watch goes on
+	require.Equal(t, []string{"updated v/same"}, summary(nextBatch(t, sub)))
+}
+
+// TestViewRepairsWhatAnIntegrityCheckFinds: a key the watch never reported
+// is found by the check, which makes the view list again.
+func TestViewRepairsWhatAnIntegrityCheckFinds(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithIntegrityCheck(5*time.Millisecond))
+	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	kv.Put("v/lost", "x") // no event: the view is now wrong
+	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
+	vh.confirm()
+	b := nextBatch(t, sub)
+	require.Equal(t, etcdwatch.Relisted, b.Kind)
+	require.Equal(t, []string{"created v/lost"}, summary(b))
+	st := vh.v.Stats()
+	require.GreaterOrEqual(t, st.IntegrityMismatches, uint64(1))
+	require.EqualValues(t, 1, st.Relists)
+}
+
+// TestViewSyncWaitsForTheProgressAnswer: Sync asks for progress and returns
+// once the view has the answer's revision, after the events before it.
+func TestViewSyncWaitsForTheProgressAnswer(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, etcdwatch.DecodeBytes)
+	ev := kv.PutEvent("v/a", "1")
+	done := make(chan error, 1)
+	go func() { done <- vh.v.Sync(context.Background()) }()
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision(), ev))
+	vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	require.NoError(t, recv(t, done, "Sync"))
+	_, ok := vh.v.Get("v/a")
+	require.True(t, ok, "Sync returned before the write")
+}
+
+// TestViewSyncWithoutProgress: on a release whose progress answers are
+// unsafe, Sync reads the range's count and newest revision and waits for a
+// state that matches them.
+func TestViewSyncWithoutProgress(t *testing.T) {
+	server := ws.StartRelease(t, "3.4.23")
+	s, err := etcdwatch.Open(server.Dial(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	kv := server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, etcdwatch.DecodeBytes)
+	kv.Put("w/elsewhere", "x")
+	require.NoError(t, vh.v.Sync(context.Background()), "nothing changed in the range")
+
+	ev := kv.PutEvent("v/a", "1")
+	done := make(chan error, 1)
+	go func() { done <- vh.v.Sync(context.Background()) }()
+	// The read Sync makes: the newest key by revision, without values.
+	require.Eventually(t, func() bool {
+		reqs := kv.Requests()
+		r := reqs[len(reqs)-1]
+		return r.SortTarget == pb.RangeRequest_MOD && r.SortOrder == pb.RangeRequest_DESCEND && r.KeysOnly && r.Limit == 1
+	}, wait, time.Millisecond)
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision(), ev))
+	require.NoError(t, recv(t, done, "Sync"))
+	_, ok := vh.v.Get("v/a")
+	require.True(t, ok, "Sync returned before the write")
+}
+
+// TestSubscriberThatFallsBehindGetsAResync: the view does not wait for a
+// subscriber; one beyond the history's bound gets the whole state instead,
+// while one that keeps up gets every batch.
+func TestSubscriberThatFallsBehindGetsAResync(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithHistoryBytes(300))
+	start := vh.v.Revision()
+	slow, fast := vh.v.Subscribe(start+1), vh.v.Subscribe(start+1)
+	from := start
+	for i := range 20 {
+		vh.send(kv.PutEvent(fmt.Sprintf("v/%02d", i), "value"))
+		b := nextBatch(t, fast)
+		require.Equal(t, etcdwatch.Events, b.Kind)
+		require.Equal(t, from, b.From)
+		from = b.Revision
+	}
+	b := nextBatch(t, slow)
+	require.Equal(t, etcdwatch.Resync, b.Kind)
+	require.Equal(t, vh.v.Revision(), b.Revision)
+	require.Len(t, b.Changes, 20)
+	require.EqualValues(t, 1, vh.v.Stats().Resyncs)
+	vh.send(kv.PutEvent("v/next", "x"))
+	require.Equal(t, []string{"created v/next"}, summary(nextBatch(t, slow)))
+	require.Less(t, vh.v.Stats().HistoryBytes, int64(300+200))
+}
+
+// TestSubscribeReplaysFromARevision: a subscription from a revision still in
+// the history starts there, inside a batch of several revisions if need be;
+// from 0 it starts with the whole state.
+func TestSubscribeReplaysFromARevision(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, etcdwatch.DecodeBytes)
+	a, b, c := kv.PutEvent("v/a", "1"), kv.PutEvent("v/b", "1"), kv.PutEvent("v/c", "1")
+	vh.send(a, b, c) // one response: revisions a, b and c in one batch
+	sub := vh.v.Subscribe(b.Kv.ModRevision)
+	got := nextBatch(t, sub)
+	require.Equal(t, []string{"created v/b", "created v/c"}, summary(got))
+	require.Equal(t, a.Kv.ModRevision, got.From)
+
+	all := vh.v.Subscribe(0)
+	got = nextBatch(t, all)
+	require.Equal(t, etcdwatch.Resync, got.Kind)
+	require.Equal(t, []string{"created v/a", "created v/b", "created v/c"}, summary(got))
+	require.Zero(t, vh.v.Stats().Resyncs, "asked for, not fallen behind")
+}
+
+type config struct{ N int }
+
+// TestViewKeepsKeysItCannotDecode: a value that does not decode is in the
+// view with its error, counted, and cleared by a value that does.
+func TestViewKeepsKeysItCannotDecode(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.Put("v/good", `{"N":1}`)
+	kv.Put("v/bad", `{`)
+	vh := openView(h, etcdwatch.DecodeJSON[config])
+	require.Equal(t, 2, vh.v.Len())
+	e, _ := vh.v.Get("v/bad")
+	require.Error(t, e.Err)
+	require.Zero(t, e.Value)
+	e, _ = vh.v.Get("v/good")
+	require.NoError(t, e.Err)
+	require.Equal(t, 1, e.Value.N)
+	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	vh.send(kv.PutEvent("v/good", "nope"))
+	b := nextBatch(t, sub)
+	require.Error(t, b.Changes[0].Entry.Err)
+	require.NoError(t, b.Changes[0].Prev.Err)
+	vh.send(kv.PutEvent("v/bad", `{"N":2}`))
+	e, _ = vh.v.Get("v/bad")
+	require.NoError(t, e.Err)
+	require.Equal(t, 2, e.Value.N)
+	require.EqualValues(t, 2, vh.v.Stats().DecodeErrors)
+}
+
+// TestViewEndsWithItsWatch: a refusal other than compaction ends the view,
+// and its subscribers after what was published.
+func TestViewEndsWithItsWatch(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, etcdwatch.DecodeBytes)
+	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	vh.send(kv.PutEvent("v/a", "1"))
+	vh.srv.Send(t, &pb.WatchResponse{Header: ws.Header(1), WatchId: vh.id, Canceled: true, CancelReason: "etcdserver: permission denied"})
+	select {
+	case <-vh.v.Done():
+	case <-time.After(wait):
+		t.Fatal("view did not end")
+	}
+	require.ErrorIs(t, vh.v.Err(), etcdwatch.ErrPermissionDenied)
+	require.Equal(t, []string{"created v/a"}, summary(nextBatch(t, sub)))
+	_, err := sub.Next(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	require.ErrorIs(t, vh.v.WaitForRevision(context.Background(), 1<<40), etcdwatch.ErrPermissionDenied)
+}
+
+// TestViewsOfOneRangeShareAWatch: a second view like the first takes its
+// state without a listing or a watch of its own; the watch goes with the
+// last of them, and a view decoding otherwise has its own.
+func TestViewsOfOneRangeShareAWatch(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	first := openView(h, etcdwatch.DecodeBytes)
+	listed := len(kv.Requests())
+	second, err := etcdwatch.NewView(context.Background(), h.s, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
+	require.NoError(t, err)
+	require.Len(t, kv.Requests(), listed, "no listing of its own")
+	first.send(kv.PutEvent("v/a", "1"))
+	_, ok := second.Get("v/a")
+	require.True(t, ok)
+	require.NoError(t, first.v.Close())
+	first.send(kv.PutEvent("v/b", "1"))
+	require.NoError(t, second.WaitForRevision(context.Background(), kv.Revision()))
+	require.ErrorIs(t, first.v.Err(), nil)
+
+	upper := func(_, v []byte) (string, error) { return string(v) + "!", nil }
+	other := openView(h, upper)
+	e, _ := other.v.Get("v/a")
+	require.Equal(t, "1!", e.Value)
+
+	require.NoError(t, second.Close())
+	require.Equal(t, first.id, h.srv.RecvCancel(t), "the last view takes the watch with it")
+	require.ErrorIs(t, second.Err(), etcdwatch.ErrViewClosed)
+}
+
+// TestNewViewRefusesWhatCannotWork: arguments and options are checked
+// before anything is sent.
+func TestNewViewRefusesWhatCannotWork(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		s    *etcdwatch.Stream
+		r    etcdwatch.Request
+		opts []etcdwatch.ViewOption
+		is   error
+	}{
+		"nil stream": {nil, etcdwatch.Prefix("v/"), nil, etcdwatch.ErrInvalidArgument},
+		"revision":   {h.s, etcdwatch.Prefix("v/").FromRevision(3), nil, etcdwatch.ErrInvalidRequest},
+		"filter":     {h.s, etcdwatch.Prefix("v/").WithoutDeletes(), nil, etcdwatch.ErrInvalidRequest},
+		"no key":     {h.s, etcdwatch.Request{}, nil, etcdwatch.ErrInvalidRequest},
+		"history":    {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithHistoryBytes(0)}, etcdwatch.ErrInvalidArgument},
+		"page":       {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithPageSize(0)}, etcdwatch.ErrInvalidArgument},
+		"integrity":  {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithIntegrityCheck(-1)}, etcdwatch.ErrInvalidArgument},
+		"bookmark":   {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithBookmarkInterval(-1)}, etcdwatch.ErrInvalidArgument},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v, err := etcdwatch.NewView(ctx, c.s, c.r, etcdwatch.DecodeBytes, c.opts...)
+			require.ErrorIs(t, err, c.is)
+			require.Nil(t, v)
+		})
+	}
+	_, err := etcdwatch.NewView[[]byte](ctx, h.s, etcdwatch.Prefix("v/"), nil)
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
+	require.Empty(t, h.server.KV().Requests(), "nothing listed")
+}
+
+// TestStreamCloseEndsItsViews: Close ends every view with ErrClosed and
+// waits for them; NewView on a closed Stream fails.
+func TestStreamCloseEndsItsViews(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, etcdwatch.DecodeBytes)
+	require.NoError(t, h.s.Close())
+	select {
+	case <-vh.v.Done():
+	default:
+		t.Fatal("Close returned before the view ended")
+	}
+	require.ErrorIs(t, vh.v.Err(), etcdwatch.ErrClosed)
+	_, err := etcdwatch.NewView(context.Background(), h.s, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+}

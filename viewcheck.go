@@ -1,0 +1,88 @@
+package etcdwatch
+
+import (
+	"iter"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// checkLoop compares the view with the server every integrity interval,
+// until the state ends.
+func (c *viewCore[T]) checkLoop() {
+	t := time.NewTicker(c.opts.integrity)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+			c.checkOnce()
+		}
+	}
+}
+
+// maxReported bounds the differing keys one check logs.
+const maxReported = 8
+
+// checkOnce compares the published state with a listing of the range at
+// its revision, keys and revisions only: a key's ModRevision names its
+// value. A mismatch asks run to list again.
+func (c *viewCore[T]) checkOnce() {
+	s := c.snap.Load()
+	diff, err := c.compare(s)
+	switch {
+	case status.Code(err) == codes.OutOfRange: // the state's revision is compacted: a bookmark moves it
+		c.log.Debug("etcdwatch: view check skipped; its revision is compacted", "revision", s.rev)
+		c.askProgress()
+		return
+	case err != nil:
+		c.log.Debug("etcdwatch: view check failed", "revision", s.rev, "err", err)
+		return
+	}
+	c.stats.checks.Add(1)
+	if len(diff) == 0 {
+		return
+	}
+	c.stats.mismatches.Add(1)
+	c.log.Error("etcdwatch: view differs from the server; listing again", "revision", s.rev, "keys", diff)
+	select {
+	case c.repair <- struct{}{}:
+	default:
+	}
+}
+
+// compare lists the range at s's revision and returns the keys (up to
+// maxReported) whose presence or revisions differ from s.
+func (c *viewCore[T]) compare(s *Snapshot[T]) ([]string, error) {
+	next, stop := iter.Pull2(s.m.All())
+	defer stop()
+	var diff []string
+	report := func(k string) {
+		if len(diff) < maxReported {
+			diff = append(diff, k)
+		}
+	}
+	key, e, more := next()
+	_, err := c.reads.list(c.ctx, listing{rev: s.rev, keysOnly: true}, func(kv *mvccpb.KeyValue) error {
+		for more && key < string(kv.Key) {
+			report(key)
+			key, e, more = next()
+		}
+		if !more || key != string(kv.Key) {
+			report(string(kv.Key))
+			return nil
+		}
+		if e.ModRevision != kv.ModRevision || e.CreateRevision != kv.CreateRevision || e.Version != kv.Version || e.Lease != kv.Lease {
+			report(key)
+		}
+		key, e, more = next()
+		return nil
+	})
+	for ; more; key, _, more = next() {
+		report(key)
+	}
+	return diff, err
+}

@@ -1,0 +1,377 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/etcdwatch/etcdwatch/internal/cow"
+)
+
+// viewCore is the state that Views of one range share, and the goroutine
+// that keeps it: run lists the range, watches it, applies the watch's
+// responses and lists again when the watch cannot go on. Readers take the
+// published Snapshot, which never changes; subscribers read the history.
+type viewCore[T any] struct {
+	stream *Stream
+	req    Request // the range, watched with bookmarks and fragments
+	decode Decoder[T]
+	opts   viewOptions
+	log    *slog.Logger
+	list   *lister // run's
+	reads  *lister // the integrity check's and Sync's
+
+	snap  atomic.Pointer[Snapshot[T]] // the published state; stored under hist.mu
+	hist  history[T]
+	stats viewCounters
+
+	ctx    context.Context // ends the state: the last View closed, or the Stream
+	cancel context.CancelCauseFunc
+	ready  chan struct{} // closed once the first state is published and watched, or when the state ended first
+	done   chan struct{} // closed once every goroutine of the state has returned
+	err    error         // why the state ended; written before done is closed
+	repair chan struct{} // buffered 1: the integrity check asks run to list again
+	tasks  sync.WaitGroup
+	asking atomic.Bool // a bookmark request is in flight
+	noAsk  atomic.Bool // the server's progress answers are unsafe: never ask
+
+	key  viewKey // guarded by the Stream's registry mutex
+	refs int     // Views of this state; likewise
+
+	// Owned by run.
+	ed      *cow.Editor[*Entry[T]]
+	rev     int64
+	bytes   int64
+	w       *Watch
+	backoff backoff
+	isReady bool
+}
+
+type viewCounters struct {
+	relists, resyncs, decodeErrors atomic.Uint64
+	checks, mismatches             atomic.Uint64
+}
+
+func newViewCore[T any](s *Stream, r Request, decode Decoder[T], o viewOptions) *viewCore[T] {
+	ctx, cancel := viewContext(s)
+	c := &viewCore[T]{
+		stream:  s,
+		req:     Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
+		decode:  decode,
+		opts:    o,
+		log:     s.opts.logger.With("view", r.String()),
+		list:    newLister(s, r.Key, r.End, o.pageSize),
+		reads:   newLister(s, r.Key, r.End, o.pageSize),
+		ctx:     ctx,
+		cancel:  cancel,
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
+		repair:  make(chan struct{}, 1),
+		backoff: backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
+	}
+	c.hist.init(int64(o.historyBytes))
+	return c
+}
+
+// start runs the state until it ends, then ends its tasks and tells every
+// reader, waiter and subscriber why.
+func (c *viewCore[T]) start() {
+	err := c.run()
+	c.cancel(err)
+	c.tasks.Wait()
+	c.finish(err)
+}
+
+// endBeforeStart ends a state that never ran.
+func (c *viewCore[T]) endBeforeStart(err error) {
+	c.cancel(err)
+	c.finish(err)
+}
+
+func (c *viewCore[T]) finish(err error) {
+	c.err = err
+	c.hist.end()
+	close(c.done)
+	if !c.isReady {
+		close(c.ready)
+	}
+}
+
+// ended reports whether the state has ended. Called under the registry's lock.
+func (c *viewCore[T]) ended() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return c.ctx.Err() != nil
+	}
+}
+
+// failed returns why the state ended before it was first published; nil
+// once it was. Call after ready is closed.
+func (c *viewCore[T]) failed() error {
+	if c.snap.Load() != nil {
+		return nil
+	}
+	<-c.done
+	return c.err
+}
+
+// run lists and follows the range until the state ends, and returns why.
+func (c *viewCore[T]) run() error {
+	for {
+		if err := c.relist(); err != nil {
+			return err
+		}
+		if !c.isReady {
+			c.isReady = true
+			close(c.ready)
+			if c.opts.integrity > 0 {
+				c.tasks.Go(c.checkLoop) // returns when ctx ends, which start does before it waits
+			}
+		}
+		if err := c.follow(); err != nil {
+			return err
+		}
+	}
+}
+
+// relist lists the range and watches it from the revision listed, trying
+// again after a delay while the listing fails for a reason that may pass.
+func (c *viewCore[T]) relist() error {
+	for {
+		err := c.listAndWatch()
+		if err == nil {
+			c.backoff.failures = 0
+			return nil
+		}
+		if cause := context.Cause(c.ctx); cause != nil {
+			return cause
+		}
+		var le *listError
+		if !errors.As(err, &le) || !listRetryable(le.err) {
+			return err
+		}
+		delay := c.backoff.next(time.Now(), streamEnd{})
+		c.log.Info("etcdwatch: view listing failed; trying again", "err", le.err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-c.ctx.Done():
+			t.Stop()
+			return context.Cause(c.ctx)
+		}
+	}
+}
+
+// listError is a failed listing, which relist may try again; other errors
+// of listAndWatch are the watch's, final.
+type listError struct{ err error }
+
+func (e *listError) Error() string { return "etcdwatch: listing the view's range: " + e.err.Error() }
+func (e *listError) Unwrap() error { return e.err }
+
+// listAndWatch lists the range at a new revision R, comparing it with the
+// published state as it goes, watches from R+1, and publishes the new state
+// with the difference (none for the first listing).
+func (c *viewCore[T]) listAndWatch() error {
+	base := c.snap.Load()
+	first := base == nil
+	if first {
+		base = &Snapshot[T]{}
+	}
+	d := newDiffer(c, base, !first)
+	defer d.stop()
+	rev, err := c.list.list(c.ctx, listing{}, d.take)
+	if err != nil {
+		return &listError{err}
+	}
+	d.finish(rev)
+	w, err := c.stream.Watch(c.ctx, c.req.FromRevision(rev+1))
+	if err != nil {
+		return err
+	}
+	c.ed, c.rev, c.bytes, c.w = d.ed, rev, d.bytes, w
+	if first {
+		c.hist.floor = rev
+		c.publish(Batch[T]{Kind: Events, From: rev})
+		return nil
+	}
+	c.stats.relists.Add(1)
+	c.log.Info("etcdwatch: view listed again", "from", base.rev, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
+	c.publish(Batch[T]{Kind: Relisted, From: base.rev, Changes: d.changes})
+	return nil
+}
+
+// follow applies the watch's responses until the watch cannot go on
+// (nil: list again) or the state ends (the reason).
+func (c *viewCore[T]) follow() error {
+	var tick <-chan time.Time
+	if c.opts.bookmark > 0 {
+		t := time.NewTicker(c.opts.bookmark)
+		defer t.Stop()
+		tick = t.C
+	}
+	heard := false
+	for {
+		select {
+		case r, ok := <-c.w.Responses():
+			if !ok {
+				return c.watchEnded()
+			}
+			c.applyAvailable(r)
+			heard = true
+		case <-tick:
+			if !heard {
+				c.askProgress()
+			}
+			heard = false
+		case <-c.repair:
+			c.w.Cancel()
+			return nil
+		case <-c.ctx.Done():
+			c.w.Cancel()
+			return context.Cause(c.ctx)
+		}
+	}
+}
+
+// watchEnded decides what the end of the watch means: a compacted history
+// is listed again; anything else ends the state.
+func (c *viewCore[T]) watchEnded() error {
+	err := c.w.Err()
+	if errors.Is(err, ErrCompacted) {
+		c.log.Info("etcdwatch: view's history compacted; listing again", "revision", c.rev, "err", err)
+		return nil
+	}
+	return err
+}
+
+// maxJoined bounds how many waiting responses one publication takes.
+const maxJoined = 64
+
+// applyAvailable applies r and the responses already waiting after it, then
+// publishes them as one batch: every response holds whole revisions.
+func (c *viewCore[T]) applyAvailable(r Response) {
+	b := Batch[T]{Kind: Events, From: c.rev}
+	c.apply(r, &b)
+	for range maxJoined - 1 {
+		select {
+		case r, ok := <-c.w.Responses():
+			if !ok {
+				c.publish(b) // follow sees the end next
+				return
+			}
+			c.apply(r, &b)
+		default:
+			c.publish(b)
+			return
+		}
+	}
+	c.publish(b)
+}
+
+// apply applies one response's events to the editor, skipping revisions
+// already applied, so that a replay is harmless.
+func (c *viewCore[T]) apply(r Response, b *Batch[T]) {
+	for i := range r.Events {
+		ev := &r.Events[i]
+		if ev.ModRevision <= c.rev {
+			continue
+		}
+		switch ev.Type {
+		case Put:
+			c.put(ev, b)
+		case Delete:
+			c.del(ev, b)
+		}
+	}
+	c.rev = max(c.rev, r.Revision)
+}
+
+func (c *viewCore[T]) put(ev *Event, b *Batch[T]) {
+	kv := &ev.KeyValue
+	e := c.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	old, replaced := c.ed.Set(e.Key, e)
+	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
+	if replaced {
+		ch.Kind, ch.Prev = Updated, old
+		c.bytes -= int64(old.size)
+	}
+	c.bytes += int64(e.size)
+	b.Changes = append(b.Changes, ch)
+}
+
+func (c *viewCore[T]) del(ev *Event, b *Batch[T]) {
+	old, ok := c.ed.Delete(string(ev.Key))
+	if !ok {
+		return
+	}
+	c.bytes -= int64(old.size)
+	b.Changes = append(b.Changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
+}
+
+// entry decodes a value into a new Entry; a decode error is kept in it.
+func (c *viewCore[T]) entry(key string, k, v []byte, create, mod, version, lease int64) *Entry[T] {
+	val, err := c.decode(k, v)
+	if err != nil {
+		c.stats.decodeErrors.Add(1)
+		c.log.Debug("etcdwatch: view cannot decode a value", "key", key, "revision", mod, "err", err)
+		var zero T
+		val = zero
+	}
+	return &Entry[T]{
+		Key: key, Value: val, Err: err,
+		CreateRevision: create, ModRevision: mod, Version: version, Lease: lease,
+		size: len(k) + len(v),
+	}
+}
+
+// publish makes the editor's state the view's, with b as the step to it.
+func (c *viewCore[T]) publish(b Batch[T]) {
+	if cur := c.snap.Load(); cur != nil && cur.rev == c.rev && len(b.Changes) == 0 && b.Kind == Events {
+		return // a bookmark that moved nothing
+	}
+	b.Revision = c.rev
+	c.hist.publish(&c.snap, &Snapshot[T]{m: c.ed.Map(), rev: c.rev, bytes: c.bytes}, b)
+}
+
+// askProgress asks the Stream for a bookmark in the background, one request
+// at a time, so that an idle range's revision keeps up with the store.
+func (c *viewCore[T]) askProgress() {
+	if c.noAsk.Load() || !c.asking.CompareAndSwap(false, true) {
+		return
+	}
+	c.tasks.Go(func() { // returns when answered, refused, or after one interval; start waits
+		defer c.asking.Store(false)
+		ctx, cancel := context.WithTimeout(c.ctx, max(c.opts.bookmark, time.Second))
+		defer cancel()
+		if _, err := c.stream.RequestProgress(ctx); errors.Is(err, ErrProgressUnsupported) {
+			c.noAsk.Store(true) // the server's own notifications will do
+		}
+	})
+}
+
+func (c *viewCore[T]) statsNow() ViewStats {
+	s := c.snap.Load()
+	if s == nil {
+		s = &Snapshot[T]{}
+	}
+	subs, held := c.hist.size()
+	return ViewStats{
+		Keys:                s.Len(),
+		Bytes:               s.bytes,
+		Revision:            s.rev,
+		Lag:                 max(c.stream.stats.revision.Load()-s.rev, 0),
+		Relists:             c.stats.relists.Load(),
+		Resyncs:             c.stats.resyncs.Load(),
+		DecodeErrors:        c.stats.decodeErrors.Load(),
+		IntegrityChecks:     c.stats.checks.Load(),
+		IntegrityMismatches: c.stats.mismatches.Load(),
+		Subscribers:         subs,
+		HistoryBytes:        held,
+	}
+}

@@ -1,0 +1,160 @@
+package etcdwatch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// lister reads a view's range at one revision, in key order: with the
+// RangeStream RPC of etcd 3.7 and later, which reads the whole range from
+// one snapshot, or else with pages of Range all pinned to the revision of
+// the first. It belongs to the goroutine that calls list.
+type lister struct {
+	kv       pb.KVClient
+	key, end []byte
+	page     int64
+	call     []grpc.CallOption
+	paged    bool // the server has no RangeStream: use pages
+}
+
+func newLister(s *Stream, key, end []byte, page int) *lister {
+	return &lister{
+		kv:   pb.NewKVClient(s.conn),
+		key:  key,
+		end:  end,
+		page: int64(page),
+		// A page holds as many values as it holds, up to etcd's own limits.
+		call: append([]grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)}, s.opts.callOptions...),
+	}
+}
+
+// listing is one read of the range: at rev, or at the newest revision
+// (linearizable) for 0; keysOnly leaves the values out.
+type listing struct {
+	rev      int64
+	keysOnly bool
+}
+
+// list calls fn for every key of the range at one revision, in key order, and
+// returns that revision. fn may keep the KeyValue. An error from fn ends the
+// listing and is returned as it is.
+func (l *lister) list(ctx context.Context, at listing, fn func(*mvccpb.KeyValue) error) (int64, error) {
+	if !l.paged {
+		rev, err := l.stream(ctx, at, fn)
+		if status.Code(err) != codes.Unimplemented {
+			return rev, err
+		}
+		l.paged = true // before 3.7; nothing was read
+	}
+	return l.pages(ctx, at, fn)
+}
+
+func (l *lister) request(at listing) *pb.RangeRequest {
+	return &pb.RangeRequest{Key: l.key, RangeEnd: l.end, Revision: at.rev, KeysOnly: at.keysOnly}
+}
+
+// stream reads the range with one RangeStream call. Its last message carries
+// the header, with the revision every message was read at.
+func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValue) error) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rs, err := l.kv.RangeStream(ctx, l.request(at), l.call...)
+	if err != nil {
+		return 0, err
+	}
+	rev := int64(0)
+	for {
+		m, err := rs.Recv()
+		if err == io.EOF {
+			if rev == 0 {
+				return 0, status.Error(codes.Internal, "etcdwatch: RangeStream ended without a header")
+			}
+			return rev, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		r := m.GetRangeResponse()
+		for _, kv := range r.GetKvs() {
+			if err := fn(kv); err != nil {
+				return 0, err
+			}
+		}
+		if h := r.GetHeader(); h != nil {
+			rev = h.Revision
+		}
+	}
+}
+
+// pages reads the range a page at a time, each page at the revision of the
+// first, so that the pages together are one revision's state.
+func (l *lister) pages(ctx context.Context, at listing, fn func(*mvccpb.KeyValue) error) (int64, error) {
+	req := l.request(at)
+	req.Limit = l.page
+	for {
+		r, err := l.kv.Range(ctx, req, l.call...)
+		if err != nil {
+			return 0, err
+		}
+		if req.Revision == 0 {
+			req.Revision = r.GetHeader().GetRevision()
+		}
+		for _, kv := range r.Kvs {
+			if err := fn(kv); err != nil {
+				return 0, err
+			}
+		}
+		if !r.More || len(r.Kvs) == 0 {
+			return req.Revision, nil
+		}
+		last := r.Kvs[len(r.Kvs)-1].Key
+		req.Key = append(last[:len(last):len(last)], 0) // the next key after the last; fn may keep last
+	}
+}
+
+// freshness is what a linearizable read says of the range now: its revision,
+// how many keys it holds, and the highest ModRevision among them. A state at
+// revision v with as many keys, none changed after v, is the range's state at
+// rev too: any change after v would have left either a newer key or fewer.
+type freshness struct {
+	rev, count, newest int64
+}
+
+// fresh reads the range's freshness with one Range: the key with the newest
+// ModRevision, without values, and the count of all.
+func (l *lister) fresh(ctx context.Context) (freshness, error) {
+	r, err := l.kv.Range(ctx, &pb.RangeRequest{
+		Key: l.key, RangeEnd: l.end, Limit: 1, KeysOnly: true,
+		SortTarget: pb.RangeRequest_MOD, SortOrder: pb.RangeRequest_DESCEND,
+	}, l.call...)
+	if err != nil {
+		return freshness{}, err
+	}
+	f := freshness{rev: r.GetHeader().GetRevision(), count: r.Count}
+	if len(r.Kvs) > 0 {
+		f.newest = r.Kvs[0].ModRevision
+	}
+	return f, nil
+}
+
+// listRetryable reports whether a failed listing may succeed if tried again:
+// anything but a refusal of the caller or of the request. A revision
+// compacted during a paged listing (OutOfRange) is retried at a newer one.
+func listRetryable(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.Unimplemented, codes.Canceled:
+		return false
+	}
+	return true
+}
