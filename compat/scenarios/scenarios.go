@@ -44,6 +44,9 @@ var All = []Scenario{
 	{"ProgressOrder", progressOrder},
 	{"ResumeAfterCut", resumeAfterCut},
 	{"Fragments", fragments},
+	{"ViewList", viewList},
+	{"ViewRelist", viewRelist},
+	{"ViewSync", viewSync},
 }
 
 // Env is the server under test, as the scenarios see it.
