@@ -176,3 +176,59 @@ func BenchmarkResume(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/watch")
 }
+
+// BenchmarkViewApply measures the path from a received response into a View
+// with one subscriber that reads every batch, with 1 and 100 events
+// (32-byte keys and values, over 10,000 keys) per response: compare it with
+// BenchmarkDeliver, the Stream's own delivery.
+func BenchmarkViewApply(b *testing.B) {
+	for _, per := range []int{1, 100} {
+		b.Run(fmt.Sprintf("events=%d", per), func(b *testing.B) {
+			// No pauses: the scripted server does not re-create watches.
+			s, srv := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
+			res := make(chan *etcdwatch.View[[]byte], 1)
+			go func() {
+				v, err := etcdwatch.NewView(context.Background(), s, etcdwatch.Prefix("key-"), etcdwatch.DecodeBytes)
+				if err != nil {
+					b.Error(err)
+				}
+				res <- v
+			}()
+			c := srv.RecvCreate(b)
+			srv.Send(b, ws.Created(c.WatchId, 1))
+			v := <-res
+			b.Cleanup(func() { v.Close() })
+			sub := v.Subscribe(2)
+			evs := make([]*mvccpb.Event, per)
+			for i := range evs {
+				evs[i] = &mvccpb.Event{Kv: &mvccpb.KeyValue{Value: fmt.Appendf(nil, "value-%025d", i), CreateRevision: 2, Version: 1}}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			go func() {
+				resp := &pb.WatchResponse{Header: ws.Header(0), WatchId: c.WatchId, Events: evs}
+				k := 0
+				for rev := int64(2); rev < int64(b.N)+2; rev++ {
+					resp.Header.Revision = rev
+					for _, e := range evs {
+						e.Kv.Key = fmt.Appendf(e.Kv.Key[:0], "key-%027d", k%10000)
+						e.Kv.ModRevision = rev
+						k++
+					}
+					srv.Send(b, resp)
+				}
+			}()
+			for got := 0; got < b.N*per; {
+				batch, err := sub.Next(context.Background())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if batch.Kind == etcdwatch.Resync {
+					b.Fatal("the subscriber fell behind")
+				}
+				got += len(batch.Changes)
+			}
+			b.ReportMetric(float64(b.N*per)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}

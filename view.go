@@ -267,11 +267,14 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 //
 // It asks the Stream for progress (RequestProgress) and waits for the view
 // to reach the revision the server answered. Where progress requests are
-// unsafe (etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, see ErrProgressUnsupported), it
-// makes one linearizable Range of the range instead, sorted by revision and
-// without values, and waits until the view holds as many keys, none changed
-// since: the state that read saw. There the view's Revision may stay below
-// the read's revision when nothing in the range changed since.
+// unsafe (etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, see ErrProgressUnsupported),
+// or go unanswered for a second (etcd 3.5+ answers none while a watch on
+// the stream catches up or waits for a future revision), it makes one
+// linearizable Range of the range instead, sorted by revision and without
+// values, and waits until the view holds as many keys, none changed since:
+// the state that read saw. The view's Revision may then stay below the
+// read's revision when nothing in the range changed since. That Range makes
+// the server read the whole range, without sending it.
 func (v *View[T]) Sync(ctx context.Context) error { return v.core.sync(ctx) }
 
 // Subscribe returns a subscription to the view's batches of changes with

@@ -58,13 +58,13 @@ func openView[T any](h *harness, decode etcdwatch.Decoder[T], opts ...etcdwatch.
 	return vh
 }
 
-// confirm answers the view's next create, checking it starts right after
-// the KV's revision, which the view listed at.
+// confirm answers the view's next create, checking it starts at the KV's
+// revision, which the view listed at.
 func (vh *viewHarness[T]) confirm() {
 	vh.t.Helper()
 	c := vh.srv.RecvCreate(vh.t)
 	rev := vh.kv.Revision()
-	require.Equal(vh.t, rev+1, c.StartRevision, "watch from right after the listing")
+	require.Equal(vh.t, rev, c.StartRevision, "watch from the listing's revision")
 	require.True(vh.t, c.ProgressNotify)
 	require.True(vh.t, c.Fragment)
 	vh.id = viewWatchIDs.Add(1)

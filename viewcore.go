@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,7 +191,11 @@ func (c *viewCore[T]) listAndWatch() error {
 		return &listError{err}
 	}
 	d.finish(rev)
-	w, err := c.stream.Watch(c.ctx, c.req.FromRevision(rev+1))
+	// From rev, not rev+1: a watch from the revision after the store's
+	// is one the server deems waiting for a future revision, and etcd 3.5+
+	// then answers no progress request on the stream until the next write
+	// anywhere. Revision rev's events come again, and are skipped.
+	w, err := c.stream.Watch(c.ctx, c.req.FromRevision(rev))
 	if err != nil {
 		return err
 	}
@@ -277,6 +282,7 @@ func (c *viewCore[T]) applyAvailable(r Response) {
 // apply applies one response's events to the editor, skipping revisions
 // already applied, so that a replay is harmless.
 func (c *viewCore[T]) apply(r Response, b *Batch[T]) {
+	b.Changes = slices.Grow(b.Changes, len(r.Events))
 	for i := range r.Events {
 		ev := &r.Events[i]
 		if ev.ModRevision <= c.rev {
@@ -294,7 +300,8 @@ func (c *viewCore[T]) apply(r Response, b *Batch[T]) {
 
 func (c *viewCore[T]) put(ev *Event, b *Batch[T]) {
 	kv := &ev.KeyValue
-	e := c.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	key := string(kv.Key)
+	e := c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
 	old, replaced := c.ed.Set(e.Key, e)
 	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
 	if replaced {

@@ -29,27 +29,30 @@ func (c *viewCore[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) e
 	}
 }
 
-// progressRecheck is how long Sync waits for the bookmark of a progress
-// answer before it asks again: the answer covers only the watches active
-// when the server gave it, and the view's may have been between two.
-const progressRecheck = time.Second
+// progressWait is how long Sync waits for a progress answer, or for the
+// view to reach it, before it reads the range instead. etcd answers a
+// progress request only once every watch on the stream is synced and none
+// waits for a future revision, which a resumed watch of a range nobody
+// writes can do until the next write anywhere; and an answer covers only
+// the watches active when it was given.
+const progressWait = time.Second
 
 func (c *viewCore[T]) sync(ctx context.Context) error {
-	for {
-		rev, err := c.stream.RequestProgress(ctx)
-		if errors.Is(err, ErrProgressUnsupported) || errors.Is(err, ErrNoWatches) {
-			return c.syncByRead(ctx)
-		}
-		if err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, progressRecheck)
-		err = c.await(wctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
-		cancel()
-		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
-			return err
-		}
+	pctx, cancel := context.WithTimeout(ctx, progressWait)
+	defer cancel()
+	rev, err := c.stream.RequestProgress(pctx)
+	if err == nil {
+		err = c.await(pctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
 	}
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	case pctx.Err() != nil, errors.Is(err, ErrProgressUnsupported), errors.Is(err, ErrNoWatches):
+		return c.syncByRead(ctx)
+	}
+	return err
 }
 
 // syncByRead is Sync without progress requests: one linearizable read of
