@@ -27,7 +27,7 @@ import (
 
 var (
 	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum", "workloads to run, comma-separated")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply", "workloads to run, comma-separated")
 	createN        = flag.Int("create", 10000, "create: watches to open")
 	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
 	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
@@ -58,6 +58,10 @@ type workload struct {
 	reps *int
 	// together, when set instead of run, runs every contender at once.
 	together func(cs []contender, rep int) (map[string]result, error)
+	// names, when set, are the workload's own contenders (with together),
+	// in place of -contenders; ratios then prints its RATIO lines.
+	names  []string
+	ratios func(medians map[string]map[string]float64)
 }
 
 var etcdEndpoint string
@@ -80,6 +84,10 @@ func main() {
 	}
 	if *neighbourChildOf != "" {
 		neighbourChild(contenderNamed(*neighbourChildOf))
+		return
+	}
+	if *viewChildOf != "" {
+		viewChild(*viewChildOf)
 		return
 	}
 	dir, err := os.MkdirTemp("", "etcdwatch-bench-")
@@ -109,6 +117,13 @@ func main() {
 		{name: "cuts", together: runCuts, metrics: []string{"p50_ms", "max_ms"}, more: cutsMore},
 		{name: "neighbour", run: runNeighbour, metrics: []string{"p50_ms", "p99_ms", "max_ms", "heap_before_mib", "heap_peak_mib", "heap_after_mib", "heap_after_over_before"}},
 		{name: "quorum", run: runQuorum, metrics: []string{"ms"}, reps: quorumReps},
+		// The view workloads have contenders of their own; see views.go.
+		{name: "viewsync", together: runViewSync, names: viewSyncNames, ratios: viewSyncRatios, reps: viewRepsAtLeast3(),
+			metrics: []string{"seconds", "heap_per_key", "overhead_per_key"}},
+		{name: "viewrelist", together: runViewRelist, names: viewRelistNames, ratios: viewRelistRatios, reps: viewRepsAtLeast3(),
+			metrics: []string{"seconds", "changes", "sync_seconds"}},
+		{name: "viewapply", together: runViewApply, names: viewApplyNames, ratios: viewApplyRatios, reps: viewRepsAtLeast3(),
+			metrics: []string{"events_per_s", "cpu_us_per_event", "lag_ms", "writer_events_per_s"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -163,14 +178,20 @@ func runWorkload(w workload) {
 			runtime.GC()
 		}
 	}
+	names := w.names
+	if names == nil {
+		for _, c := range contenders {
+			names = append(names, c.name())
+		}
+	}
 	medians := map[string]map[string]float64{}
-	for _, c := range contenders {
-		rs := results[c.name()]
+	for _, name := range names {
+		rs := results[name]
 		if len(rs) == 0 {
 			continue
 		}
-		medians[c.name()] = map[string]float64{}
-		line := fmt.Sprintf("BENCH %s %s", w.name, c.name())
+		medians[name] = map[string]float64{}
+		line := fmt.Sprintf("BENCH %s %s", w.name, name)
 		for _, m := range w.metrics {
 			var vs []float64
 			for _, r := range rs {
@@ -178,7 +199,7 @@ func runWorkload(w workload) {
 			}
 			slices.Sort(vs)
 			med := vs[len(vs)/2]
-			medians[c.name()][m] = med
+			medians[name][m] = med
 			line += fmt.Sprintf(" %s=%s (min %s max %s)", m, num(med), num(vs[0]), num(vs[len(vs)-1]))
 		}
 		fmt.Println(line)
@@ -191,6 +212,10 @@ func runWorkload(w workload) {
 			return "n/a"
 		}
 		return fmt.Sprintf("%.2f", x/y)
+	}
+	if w.ratios != nil {
+		w.ratios(medians)
+		return
 	}
 	for _, m := range w.metrics {
 		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s clientv3watch/clientv3=%s\n", w.name, m,
