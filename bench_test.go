@@ -188,7 +188,9 @@ func BenchmarkViewApply(b *testing.B) {
 			s, srv := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
 			res := make(chan *etcdwatch.View[[]byte], 1)
 			go func() {
-				v, err := etcdwatch.NewView(context.Background(), s, etcdwatch.Prefix("key-"), etcdwatch.DecodeBytes)
+				// History enough for a subscriber scheduled late: at millions of events
+				// a second, 8 MiB lasts a few milliseconds.
+				v, err := etcdwatch.NewView(context.Background(), s, etcdwatch.Prefix("key-"), etcdwatch.DecodeBytes, etcdwatch.WithHistoryBytes(1<<30))
 				if err != nil {
 					b.Error(err)
 				}
@@ -203,6 +205,10 @@ func BenchmarkViewApply(b *testing.B) {
 			for i := range evs {
 				evs[i] = &mvccpb.Event{Kv: &mvccpb.KeyValue{Value: fmt.Appendf(nil, "value-%025d", i), CreateRevision: 2, Version: 1}}
 			}
+			keys := make([][]byte, 10000)
+			for i := range keys {
+				keys[i] = fmt.Appendf(nil, "key-%027d", i)
+			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			go func() {
@@ -211,7 +217,7 @@ func BenchmarkViewApply(b *testing.B) {
 				for rev := int64(2); rev < int64(b.N)+2; rev++ {
 					resp.Header.Revision = rev
 					for _, e := range evs {
-						e.Kv.Key = fmt.Appendf(e.Kv.Key[:0], "key-%027d", k%10000)
+						e.Kv.Key = keys[k%len(keys)]
 						e.Kv.ModRevision = rev
 						k++
 					}

@@ -26,8 +26,8 @@ type Stream struct {
 	closing chan struct{} // closed by Close
 	done    chan struct{} // closed when the dispatcher has exited, after Close
 	once    sync.Once
-	pumps   sync.WaitGroup     // running Watch.pump goroutines
-	probe   sync.WaitGroup     // the probeRelease goroutine
+	pumps   sync.WaitGroup          // running Watch.pump goroutines
+	probe   sync.WaitGroup          // the probeRelease goroutine
 	base    context.Context         // ends at Close, with ErrClosed: the probe's and the views' contexts derive from it
 	stop    context.CancelCauseFunc // ends base; called by Close
 	stats   counters

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +44,7 @@ type viewCore[T any] struct {
 	// Owned by run.
 	ed      *cow.Editor[*Entry[T]]
 	rev     int64
+	from    int64 // Revision of the last batch kept, or of the first listing: the next batch's From
 	bytes   int64
 	w       *Watch
 	backoff backoff
@@ -201,18 +201,20 @@ func (c *viewCore[T]) listAndWatch() error {
 	}
 	c.ed, c.rev, c.bytes, c.w = d.ed, rev, d.bytes, w
 	if first {
-		c.hist.floor = rev
-		c.publish(Batch[T]{Kind: Events, From: rev})
+		c.hist.floor, c.from = rev, rev
+		c.publish()
 		return nil
 	}
 	c.stats.relists.Add(1)
 	c.log.Info("etcdwatch: view listed again", "from", base.rev, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
-	c.publish(Batch[T]{Kind: Relisted, From: base.rev, Changes: d.changes})
+	c.publish(Batch[T]{Kind: Relisted, From: c.from, Revision: rev, Changes: d.changes})
+	c.from = rev
 	return nil
 }
 
 // follow applies the watch's responses until the watch cannot go on
-// (nil: list again) or the state ends (the reason).
+// (nil: list again) or the state ends (the reason). Applied responses are
+// published as the pacer says.
 func (c *viewCore[T]) follow() error {
 	var tick <-chan time.Time
 	if c.opts.bookmark > 0 {
@@ -220,21 +222,45 @@ func (c *viewCore[T]) follow() error {
 		defer t.Stop()
 		tick = t.C
 	}
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	var due <-chan time.Time // hold's channel while responses are held
+	pace := pacer{gap: publishGap}
+	var held []Batch[T] // applied, not yet published
+	flush := func() {
+		c.publish(held...)
+		held = held[:0:0] // the history keeps the published ones
+		pace.published(time.Now())
+		hold.Stop()
+		due = nil
+	}
 	heard := false
 	for {
 		select {
 		case r, ok := <-c.w.Responses():
 			if !ok {
+				flush()
 				return c.watchEnded()
 			}
-			c.applyAvailable(r)
+			held = holdStep(held, c.apply(r))
 			heard = true
+			switch wait := pace.applied(time.Now()); {
+			case wait == 0:
+				flush()
+			case due == nil:
+				hold.Reset(wait)
+				due = hold.C
+			}
+		case <-due:
+			flush()
 		case <-tick:
 			if !heard {
 				c.askProgress()
 			}
 			heard = false
 		case <-c.repair:
+			flush() // the listing compares with the published state
 			c.w.Cancel()
 			return nil
 		case <-c.ctx.Done():
@@ -255,47 +281,85 @@ func (c *viewCore[T]) watchEnded() error {
 	return err
 }
 
-// maxJoined bounds how many waiting responses one publication takes.
+// maxJoined bounds the changes of a batch joined from several responses.
 const maxJoined = 64
 
-// applyAvailable applies r and the responses already waiting after it, then
-// publishes them as one batch: every response holds whole revisions.
-func (c *viewCore[T]) applyAvailable(r Response) {
-	b := Batch[T]{Kind: Events, From: c.rev}
-	c.apply(r, &b)
-	for range maxJoined - 1 {
-		select {
-		case r, ok := <-c.w.Responses():
-			if !ok {
-				c.publish(b) // follow sees the end next
-				return
-			}
-			c.apply(r, &b)
-		default:
-			c.publish(b)
-			return
-		}
+// holdStep adds b to the batches held for publication, joined to the last one
+// when both are small, as a Watch joins small responses: a subscriber then
+// takes a burst of single events in a few handovers rather than one each.
+func holdStep[T any](held []Batch[T], b Batch[T]) []Batch[T] {
+	switch n := len(held); {
+	case len(b.Changes) == 0:
+		return held
+	case n > 0 && len(held[n-1].Changes)+len(b.Changes) <= maxJoined:
+		last := &held[n-1]
+		last.Changes = append(last.Changes, b.Changes...)
+		last.Revision = b.Revision
+		return held
 	}
-	c.publish(b)
+	return append(held, b)
 }
 
+// publishGap and maxHeld bound how long, and how many responses, the
+// pacer holds applied responses before they are published.
+const (
+	publishGap = time.Millisecond
+	maxHeld    = 64
+)
+
+// pacer decides when a view publishes what it applied. Each publication
+// freezes the state's tree, so the next writes copy the nodes they touch: a
+// publication per response would copy most of the tree under a steady flow.
+// So a response after a quiet spell (gap since the last publication) is
+// published at once, and while responses keep coming they are held until
+// gap has passed since the last publication or maxHeld are waiting. Readers
+// then see a state at most gap old; WaitForRevision, Sync and subscribers
+// see it when it is published. Owned by follow.
+type pacer struct {
+	gap  time.Duration
+	last time.Time // of the last publication
+	held int       // responses applied since
+}
+
+// applied counts a response applied at now and returns how long it may
+// wait to be published: 0 for at once.
+func (p *pacer) applied(now time.Time) time.Duration {
+	p.held++
+	since := now.Sub(p.last)
+	if p.held >= maxHeld || since >= p.gap {
+		return 0
+	}
+	return p.gap - since
+}
+
+// published records a publication at now.
+func (p *pacer) published(now time.Time) { p.last, p.held = now, 0 }
+
 // apply applies one response's events to the editor, skipping revisions
-// already applied, so that a replay is harmless.
-func (c *viewCore[T]) apply(r Response, b *Batch[T]) {
-	b.Changes = slices.Grow(b.Changes, len(r.Events))
+// already applied, so that a replay is harmless, and returns the step.
+func (c *viewCore[T]) apply(r Response) Batch[T] {
+	b := Batch[T]{Kind: Events, From: c.from}
 	for i := range r.Events {
 		ev := &r.Events[i]
 		if ev.ModRevision <= c.rev {
 			continue
 		}
+		if b.Changes == nil {
+			b.Changes = make([]Change[T], 0, len(r.Events)-i)
+		}
 		switch ev.Type {
 		case Put:
-			c.put(ev, b)
+			c.put(ev, &b)
 		case Delete:
-			c.del(ev, b)
+			c.del(ev, &b)
 		}
 	}
 	c.rev = max(c.rev, r.Revision)
+	b.Revision = c.rev
+	if len(b.Changes) > 0 {
+		c.from = b.Revision
+	}
+	return b
 }
 
 func (c *viewCore[T]) put(ev *Event, b *Batch[T]) {
@@ -337,13 +401,12 @@ func (c *viewCore[T]) entry(key string, k, v []byte, create, mod, version, lease
 	}
 }
 
-// publish makes the editor's state the view's, with b as the step to it.
-func (c *viewCore[T]) publish(b Batch[T]) {
-	if cur := c.snap.Load(); cur != nil && cur.rev == c.rev && len(b.Changes) == 0 && b.Kind == Events {
-		return // a bookmark that moved nothing
+// publish makes the editor's state the view's, with bs as the steps to it.
+func (c *viewCore[T]) publish(bs ...Batch[T]) {
+	if cur := c.snap.Load(); cur != nil && cur.rev == c.rev && len(bs) == 0 {
+		return // nothing moved
 	}
-	b.Revision = c.rev
-	c.hist.publish(&c.snap, &Snapshot[T]{m: c.ed.Map(), rev: c.rev, bytes: c.bytes}, b)
+	c.hist.publish(&c.snap, &Snapshot[T]{m: c.ed.Map(), rev: c.rev, bytes: c.bytes}, bs)
 }
 
 // askProgress asks the Stream for a bookmark in the background, one request

@@ -14,9 +14,9 @@ type history[T any] struct {
 	mu      sync.Mutex
 	limit   int64
 	items   []histItem[T]
-	first   uint64 // sequence number of items[0]
-	bytes   int64  // of items
-	floor   int64  // items hold every change after this revision
+	first   uint64        // sequence number of items[0]
+	bytes   int64         // of items
+	floor   int64         // items hold every change after this revision
 	changed chan struct{} // closed, and replaced, at each publication; closed for good at the end
 	over    bool          // the view has ended
 	subs    int           // open subscriptions
@@ -49,15 +49,14 @@ func batchWeight[T any](b *Batch[T]) int64 {
 	return n
 }
 
-// publish stores s as the view's state and keeps b, a step to it, if it
-// changed anything, then wakes everyone waiting. The state and the history
-// change together, so a subscriber starting from a state continues from the
-// batch after it.
-func (h *history[T]) publish(snap *atomic.Pointer[Snapshot[T]], s *Snapshot[T], b Batch[T]) {
+// publish stores s as the view's state and keeps bs, the steps to it, then
+// wakes everyone waiting. The state and the history change together, so a
+// subscriber starting from a state continues from the batch after it.
+func (h *history[T]) publish(snap *atomic.Pointer[Snapshot[T]], s *Snapshot[T], bs []Batch[T]) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	snap.Store(s)
-	if len(b.Changes) > 0 || b.Kind != Events {
+	for _, b := range bs {
 		h.push(b)
 	}
 	close(h.changed)

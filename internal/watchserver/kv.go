@@ -100,7 +100,6 @@ func (svc kvService) Range(_ context.Context, r *pb.RangeRequest) (*pb.RangeResp
 	return k.rangeLocked(r)
 }
 
-
 // RangeStream implements pb.KVServer: chunks of keys, the header and count on
 // the last, as etcd 3.7 does.
 func (svc kvService) RangeStream(r *pb.RangeRequest, srv grpc.ServerStreamingServer[pb.RangeStreamResponse]) error {
