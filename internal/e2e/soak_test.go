@@ -2,14 +2,21 @@ package e2e
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
@@ -55,6 +62,14 @@ func TestSoak(t *testing.T) {
 	// The tight stream's consumers are slower than the writer every other
 	// second: they pause, then catch up.
 	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 2*time.Millisecond)...)
+	views := soakViews(t, s, tight)
+	defer func() {
+		if t.Failed() {
+			for _, sv := range views {
+				t.Logf("view %s: revision %d, err %v, stats %+v", sv.name, sv.v.Revision(), sv.v.Err(), sv.v.Stats())
+			}
+		}
+	}()
 	w := startWriter(t, kv, "soak/", 20)
 
 	counts := map[string]int{}
@@ -90,8 +105,13 @@ func TestSoak(t *testing.T) {
 		}},
 	}
 	deadline := time.Now().Add(d)
+	checked := time.Now()
 	for time.Now().Before(deadline) {
 		progressed(t, recs[0], w.Last())
+		if time.Since(checked) > 3*time.Second {
+			checkViews(t, kv, views)
+			checked = time.Now()
+		}
 		f := faultsList[rand.IntN(len(faultsList))]
 		t.Logf("%s: %s (writer at %d, first watch at %d)", time.Now().Format("15:04:05.000"), f.name, w.Last(), recs[0].Last())
 		f.do()
@@ -104,6 +124,11 @@ func TestSoak(t *testing.T) {
 	}
 	progressed(t, recs[0], w.Last())
 	events := finish(t, w, recs)
+	for _, sv := range views {
+		require.NoError(t, sv.v.Sync(ctx(t)), "view %s", sv.name)
+		require.GreaterOrEqual(t, sv.v.Revision(), w.Last(), "view %s synced", sv.name)
+	}
+	checkViews(t, kv, views)
 	total := 0
 	for _, n := range counts {
 		total += n
@@ -111,6 +136,180 @@ func TestSoak(t *testing.T) {
 	a, b := s.Stats(), tight.Stats()
 	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; stalls %d; pauses %d; duplicates dropped %d",
 		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Stalls+b.Stalls, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
+	t.Logf("VIEWS %s", viewCounts(views))
+}
+
+// soakView is a view the soak checks, with the replay of a subscription
+// to it, or nil.
+type soakView struct {
+	name   string
+	v      *testView[[]byte]
+	rp     *replayer
+	checks int // comparisons with the server
+}
+
+// soakViews starts the soak's views: two of the whole prefix, one on each
+// stream, each with a subscriber from the start, and one of part of it.
+func soakViews(t *testing.T, s, tight *etcdwatch.Stream) []*soakView {
+	t.Helper()
+	views := []*soakView{
+		{name: "prefix", v: newView(t, s, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes)},
+		{name: "tight", v: newView(t, tight, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes,
+			etcdwatch.WithHistoryBytes(16<<10), etcdwatch.WithIntegrityCheck(time.Second))},
+		{name: "range", v: newView(t, s, etcdwatch.Range("soak/k00", "soak/k05"), etcdwatch.DecodeBytes,
+			etcdwatch.WithBookmarkInterval(200*time.Millisecond))},
+	}
+	for _, sv := range views[:2] {
+		sv.rp = replay(sv.v.Subscribe(0))
+	}
+	return views
+}
+
+// checkViews requires every view to equal the server at its revision, and
+// every replay to equal its view's state there. Every revision of the
+// writer has a change under soak/ (its sequence key), so a replay of the
+// whole prefix gets a batch at or after any revision its view reaches.
+func checkViews(t *testing.T, kv *clientv3.Client, views []*soakView) {
+	t.Helper()
+	for _, sv := range views {
+		require.NoError(t, sv.v.Err(), "view %s ended", sv.name)
+		snap := requireEqualsServer(t, kv, sv.v, sv.v.Snapshot())
+		sv.checks++
+		if sv.rp == nil {
+			continue
+		}
+		require.Eventually(t, func() bool { return sv.rp.reached(snap.Revision()) }, wait, time.Millisecond,
+			"view %s: the subscriber did not reach revision %d", sv.name, snap.Revision())
+		m, ok, err := sv.rp.stateAt(snap.Revision())
+		require.NoError(t, err, "view %s: subscriber", sv.name)
+		if ok {
+			require.Empty(t, stateDiff(m, snap), "view %s: the subscriber's replay at %d", sv.name, snap.Revision())
+		}
+	}
+}
+
+// viewCounts sums up the views' checks and counters for the VIEWS line.
+func viewCounts(views []*soakView) string {
+	var checks, replays, skipped, batches int
+	var relists, resyncs, integrity, mismatches uint64
+	var per []string
+	for _, sv := range views {
+		st := sv.v.Stats()
+		checks += sv.checks
+		relists += st.Relists
+		resyncs += st.Resyncs
+		integrity += st.IntegrityChecks
+		mismatches += st.IntegrityMismatches
+		line := fmt.Sprintf("%s: %d keys at %d, relists %d", sv.name, st.Keys, st.Revision, st.Relists)
+		if sv.rp != nil {
+			sv.rp.mu.Lock()
+			replays += sv.rp.checks
+			skipped += sv.rp.skipped
+			batches += sv.rp.batches
+			line += fmt.Sprintf(", replay of %d batches (%d relisted, %d resyncs)", sv.rp.batches, sv.rp.relisted, sv.rp.resyncs)
+			sv.rp.mu.Unlock()
+		}
+		per = append(per, line)
+	}
+	return fmt.Sprintf("%d views: %d checks against the server, %d replay checks (%d skipped after a resync), %d batches replayed; relists %d, resyncs %d; integrity checks %d, mismatches %d [%s]",
+		len(views), checks, replays, skipped, batches, relists, resyncs, integrity, mismatches, strings.Join(per, "; "))
+}
+
+// replayer applies a subscription's batches, from its first Resync on, to a
+// replica in the background, and keeps the states the replica went through
+// since the last check.
+type replayer struct {
+	done chan struct{}
+
+	mu     sync.Mutex
+	rep    *replica[[]byte]
+	states []replayState
+	err    error // the first batch that did not apply, or the subscription's end
+	// counts
+	batches, relisted, resyncs int
+	checks, skipped            int
+}
+
+// replayState is the replica after a batch.
+type replayState struct {
+	kind      etcdwatch.BatchKind
+	from, rev int64
+	m         map[string]etcdwatch.Entry[[]byte]
+}
+
+func replay(sub *etcdwatch.Subscription[[]byte]) *replayer {
+	p := &replayer{done: make(chan struct{}), rep: &replica[[]byte]{}}
+	go func() { // returns when the subscription ends: its view's Close ends it
+		defer close(p.done)
+		for {
+			b, err := sub.Next(context.Background())
+			p.mu.Lock()
+			if err != nil {
+				if !errors.Is(err, etcdwatch.ErrViewClosed) {
+					p.err = fmt.Errorf("the subscription ended: %w", err)
+				}
+				p.mu.Unlock()
+				return
+			}
+			if !p.rep.started && b.Kind != etcdwatch.Resync {
+				p.mu.Unlock()
+				continue
+			}
+			if err := p.rep.apply(b); err != nil {
+				p.err = err
+				p.mu.Unlock()
+				return
+			}
+			p.batches++
+			switch b.Kind {
+			case etcdwatch.Relisted:
+				p.relisted++
+			case etcdwatch.Resync:
+				p.resyncs++
+			}
+			p.states = append(p.states, replayState{kind: b.Kind, from: b.From, rev: b.Revision, m: maps.Clone(p.rep.m)})
+			p.mu.Unlock()
+		}
+	}()
+	return p
+}
+
+// reached reports whether the replay has gone to rev or beyond, or failed.
+func (p *replayer) reached(rev int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err != nil || (len(p.states) > 0 && p.states[len(p.states)-1].rev >= rev)
+}
+
+// stateAt returns the replica's state at rev, which the replay has reached:
+// the state after the last batch up to rev. ok is false when a Resync took
+// the replica over rev. States before it are dropped.
+func (p *replayer) stateAt(rev int64) (m map[string]etcdwatch.Entry[[]byte], ok bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return nil, false, p.err
+	}
+	i := sort.Search(len(p.states), func(i int) bool { return p.states[i].rev > rev }) - 1
+	if i < 0 { // the replay began after rev
+		p.skipped++
+		return nil, false, nil
+	}
+	at := p.states[i]
+	p.states = p.states[i:]
+	if at.rev < rev && len(p.states) > 1 {
+		switch next := p.states[1]; {
+		case next.kind == etcdwatch.Resync:
+			p.skipped++
+			return nil, false, nil
+		case next.from < rev:
+			// The view published its state at rev; the batch after it
+			// must start there or later.
+			return nil, false, fmt.Errorf("%s batch %d..%d spans revision %d, a state the view published", next.kind, next.from, next.rev, rev)
+		}
+	}
+	p.checks++
+	return at.m, true, nil
 }
 
 // syncBuffer is a bytes.Buffer safe for a logger and a reader.
