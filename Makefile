@@ -34,12 +34,14 @@ soak:
 bench:
 	cd internal/bench && $(GO) run . $(ARGS) 2>&1 | grep -v '^{"level"'
 
-# Each fuzzer in turn, $(FUZZTIME) each: response sequences, and the codec
-# against generic protobuf both ways.
+# Each fuzzer in turn, $(FUZZTIME) each: response sequences, the codec
+# against generic protobuf both ways, and the views' copy-on-write map
+# against a plain map (every old snapshot unchanged).
 fuzz:
 	@set -e; for f in FuzzDispatcher FuzzDecode FuzzEncode; do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; \
 	done
+	$(GO) test -run '^$$' -fuzz '^FuzzMap$$' -fuzztime $(FUZZTIME) ./internal/cow
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
