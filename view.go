@@ -160,9 +160,14 @@ func (s *Snapshot[T]) All() iter.Seq2[string, Entry[T]] {
 // returns its own View, and the state goes once every one is closed.
 type View[T any] struct {
 	core *viewCore[T]
-	once sync.Once
-	mu   sync.Mutex
-	subs map[*Subscription[T]]struct{} // open subscriptions, ended by Close
+	// ctx ends with this View: at its Close (cause ErrViewClosed), or when
+	// the shared state ends (cause why).
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	once   sync.Once
+	mu     sync.Mutex
+	subs   map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after
+	closed bool                          // Close has begun; guarded by mu
 }
 
 // NewView lists r's range on s's connection and watches it on s, and returns
@@ -189,6 +194,7 @@ func NewView[T any](ctx context.Context, s *Stream, r Request, decode Decoder[T]
 	}
 	c := acquireView(s, r, decode, o)
 	v := &View[T]{core: c}
+	v.ctx, v.cancel = context.WithCancelCause(c.ctx)
 	select {
 	case <-c.ready:
 		if err := c.failed(); err != nil {
@@ -238,16 +244,24 @@ func (v *View[T]) Len() int { return v.Snapshot().Len() }
 
 // Done is closed when the view has ended: after Close, when its Stream was
 // closed, or when the server refused it for good.
-func (v *View[T]) Done() <-chan struct{} { return v.core.done }
+func (v *View[T]) Done() <-chan struct{} { return v.ctx.Done() }
 
 // Err returns nil while the view runs, then why it ended: ErrViewClosed after
 // Close, ErrClosed after its Stream's Close, or the server's refusal.
 func (v *View[T]) Err() error {
-	select {
-	case <-v.core.done:
-		return v.core.err
-	default:
+	if v.ctx.Err() == nil {
 		return nil
+	}
+	return context.Cause(v.ctx)
+}
+
+// bound returns ctx, ended also when the view ends, with the view's Err.
+func (v *View[T]) bound(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(v.ctx, func() { cancel(context.Cause(v.ctx)) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
 	}
 }
 
@@ -258,6 +272,8 @@ func (v *View[T]) Stats() ViewStats { return v.core.statsNow() }
 // or ctx ends, or the view ends. The revision of a range nobody writes only
 // moves with bookmarks (see WithBookmarkInterval); Sync asks for one.
 func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
+	ctx, stop := v.bound(ctx)
+	defer stop()
 	return v.core.await(ctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
 }
 
@@ -275,7 +291,11 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 // the state that read saw. The view's Revision may then stay below the
 // read's revision when nothing in the range changed since. That Range makes
 // the server read the whole range, without sending it.
-func (v *View[T]) Sync(ctx context.Context) error { return v.core.sync(ctx) }
+func (v *View[T]) Sync(ctx context.Context) error {
+	ctx, stop := v.bound(ctx)
+	defer stop()
+	return v.core.sync(ctx)
+}
 
 // Subscribe returns a subscription to the view's batches of changes with
 // revisions from fromRev on. When the view's history no longer reaches back
@@ -286,6 +306,10 @@ func (v *View[T]) Subscribe(fromRev int64) *Subscription[T] {
 	sub := v.core.subscribe(fromRev)
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.closed {
+		sub.end() // a View's subscriptions end with it
+		return sub
+	}
 	if v.subs == nil {
 		v.subs = make(map[*Subscription[T]]struct{})
 	}
@@ -307,11 +331,12 @@ func (v *View[T]) Close() error {
 	v.once.Do(func() {
 		v.mu.Lock()
 		subs := v.subs
-		v.subs = nil
+		v.subs, v.closed = nil, true
 		v.mu.Unlock()
 		for sub := range subs {
 			sub.end()
 		}
+		v.cancel(ErrViewClosed)
 		releaseView(v.core)
 	})
 	return nil

@@ -425,9 +425,14 @@ func TestViewsOfOneRangeShareAWatch(t *testing.T) {
 	_, ok := second.Get("v/a")
 	require.True(t, ok)
 	require.NoError(t, first.v.Close())
-	first.send(kv.PutEvent("v/b", "1"))
+	h.srv.Send(t, ws.Events(first.id, kv.Revision()+1, kv.PutEvent("v/b", "1")))
 	require.NoError(t, second.WaitForRevision(context.Background(), kv.Revision()))
-	require.ErrorIs(t, first.v.Err(), nil)
+	require.ErrorIs(t, first.v.Err(), etcdwatch.ErrViewClosed, "closed, though its state lives on")
+	<-first.v.Done()
+	require.ErrorIs(t, first.v.WaitForRevision(context.Background(), 1<<40), etcdwatch.ErrViewClosed)
+	_, err = first.v.Subscribe(0).Next(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrViewClosed)
+	require.NoError(t, second.Err())
 
 	upper := func(_, v []byte) (string, error) { return string(v) + "!", nil }
 	other := openView(h, upper)
