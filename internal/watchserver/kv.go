@@ -193,8 +193,9 @@ func (k *KV) PutEvent(key, value string) *mvccpb.Event {
 	k.Put(key, value)
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	kv := *k.keys[key]
-	return &mvccpb.Event{Type: mvccpb.PUT, Kv: &kv}
+	kv := k.keys[key]
+	return &mvccpb.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{
+		Key: kv.Key, Value: kv.Value, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version}}
 }
 
 // DeleteEvent deletes key, as Delete does, and returns the event.
