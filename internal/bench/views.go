@@ -17,11 +17,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/mirror"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
@@ -52,7 +55,7 @@ const viewPage = 1000
 
 // Contenders of the view workloads, which are not watch clients.
 var (
-	viewSyncNames   = []string{"list", "mirror", "view"}
+	viewSyncNames   = []string{"list", "mirror", "view", "view-paged"}
 	viewRelistNames = []string{"view"}
 	viewApplyNames  = []string{"stream", "view"}
 	viewSyncSeconds float64 // viewsync's median for view, once it has run
@@ -165,8 +168,12 @@ func viewSyncChild(name string) {
 		if name == "mirror" {
 			run = func() (any, int, int64, error) { return mirrorKeys(ctx, cli, *childPrefix) }
 		}
-	case "view":
-		conn, err := viewDial(*childEndpoint)
+	case "view", "view-paged":
+		var opts []grpc.DialOption
+		if name == "view-paged" {
+			opts = append(opts, grpc.WithStreamInterceptor(noRangeStream))
+		}
+		conn, err := viewDial(*childEndpoint, opts...)
 		check(err)
 		defer conn.Close()
 		s, err := etcdwatch.Open(conn)
@@ -266,8 +273,11 @@ func viewSyncRatios(med map[string]map[string]float64) {
 	viewSyncSeconds = med["view"]["seconds"]
 	fmt.Printf("RATIO viewsync seconds view/list=%s view/mirror=%s (target view/list <= 1.2)\n",
 		ratioOf(med, "view", "list", "seconds"), ratioOf(med, "view", "mirror", "seconds"))
-	fmt.Printf("RATIO viewsync overhead_per_key view=%s list=%s mirror=%s (bytes beyond key+value; target view <= 150)\n",
-		valueOf(med, "view", "overhead_per_key"), valueOf(med, "list", "overhead_per_key"), valueOf(med, "mirror", "overhead_per_key"))
+	fmt.Printf("RATIO viewsync seconds view-paged/list=%s (the view listing in pages, as before etcd 3.7; target <= 1.2)\n",
+		ratioOf(med, "view-paged", "list", "seconds"))
+	fmt.Printf("RATIO viewsync overhead_per_key view=%s view-paged=%s list=%s mirror=%s (bytes beyond key+value; target view <= 150)\n",
+		valueOf(med, "view", "overhead_per_key"), valueOf(med, "view-paged", "overhead_per_key"),
+		valueOf(med, "list", "overhead_per_key"), valueOf(med, "mirror", "overhead_per_key"))
 }
 
 // ratioOf is a's median of m over b's, or n/a.
@@ -450,8 +460,17 @@ func changeViewKeys(ctx context.Context, kv *clientv3.Client, v *etcdwatch.View[
 }
 
 // viewDial is an application's connection: etcdwatch.Dial, plain text.
-func viewDial(addr string) (*grpc.ClientConn, error) {
-	return etcdwatch.Dial([]string{addr}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func viewDial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return etcdwatch.Dial([]string{addr}, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+}
+
+// noRangeStream refuses the RangeStream RPC as a server before etcd 3.7
+// does, so that the view-paged contender lists in pages, as list does.
+func noRangeStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if method == pb.KV_RangeStream_FullMethodName {
+		return nil, status.Error(codes.Unimplemented, "bench: RangeStream refused, as before etcd 3.7")
+	}
+	return streamer(ctx, desc, cc, method, opts...)
 }
 
 // waitFor polls cond every millisecond until it holds or ctx ends: for
