@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,9 +25,6 @@ type viewHarness[T any] struct {
 	v  *etcdwatch.View[T]
 	id int64
 }
-
-// viewWatchIDs numbers the views' server-side watches, apart from others.
-var viewWatchIDs atomic.Int64
 
 type viewResult[T any] struct {
 	v   *etcdwatch.View[T]
@@ -67,7 +63,7 @@ func (vh *viewHarness[T]) confirm() {
 	require.Equal(vh.t, rev, c.StartRevision, "watch from the listing's revision")
 	require.True(vh.t, c.ProgressNotify)
 	require.True(vh.t, c.Fragment)
-	vh.id = viewWatchIDs.Add(1)
+	vh.id = c.WatchId // as etcd does: the id the client asked for
 	vh.srv.Send(vh.t, ws.Created(vh.id, rev))
 }
 
@@ -489,4 +485,23 @@ func TestStreamCloseEndsItsViews(t *testing.T) {
 	require.ErrorIs(t, vh.v.Err(), etcdwatch.ErrClosed)
 	_, err := etcdwatch.NewView(context.Background(), h.s, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
 	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+}
+
+// TestViewRetriesAWatchNotConfirmedInTime: on a Stream with a create
+// timeout, a watch the server does not confirm in time is asked for again
+// (with a new listing), not the end of the view.
+func TestViewRetriesAWatchNotConfirmedInTime(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCreateTimeout(20*time.Millisecond), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
+	late := h.srv.RecvCreate(t) // not answered in time: the call fails, the view lists again
+	again := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(late.WatchId, kv.Revision()))
+	require.Equal(t, late.WatchId, h.srv.RecvCancel(t), "the late watch is let go")
+	h.srv.Send(t, ws.Created(again.WatchId, kv.Revision()))
+	r := recv(t, res, "NewView")
+	require.NoError(t, r.err)
+	t.Cleanup(func() { r.v.Close() })
+	require.Equal(t, 2, r.v.Len())
 }

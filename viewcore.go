@@ -152,12 +152,11 @@ func (c *viewCore[T]) relist() error {
 		if cause := context.Cause(c.ctx); cause != nil {
 			return cause
 		}
-		var le *listError
-		if !errors.As(err, &le) || !listRetryable(le.err) {
+		if !relistRetryable(err) {
 			return err
 		}
 		delay := c.backoff.next(time.Now(), streamEnd{})
-		c.log.Info("etcdwatch: view listing failed; trying again", "err", le.err, "in", delay)
+		c.log.Info("etcdwatch: view listing failed; trying again", "err", err, "in", delay)
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
@@ -168,8 +167,20 @@ func (c *viewCore[T]) relist() error {
 	}
 }
 
-// listError is a failed listing, which relist may try again; other errors
-// of listAndWatch are the watch's, final.
+// relistRetryable reports whether listAndWatch may succeed if tried again:
+// after a listing that failed for a reason that may pass, or a watch that
+// the Stream could not confirm within its WithCreateTimeout (its stream
+// down meanwhile). The watch's other errors are final: a refusal, the
+// Stream closed or failed for good.
+func relistRetryable(err error) bool {
+	var le *listError
+	if errors.As(err, &le) {
+		return listRetryable(le.err)
+	}
+	return errors.Is(err, ErrCreateTimeout)
+}
+
+// listError is a failed listing, which relist may try again.
 type listError struct{ err error }
 
 func (e *listError) Error() string { return "etcdwatch: listing the view's range: " + e.err.Error() }
