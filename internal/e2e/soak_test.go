@@ -47,6 +47,16 @@ func TestSoak(t *testing.T) {
 	}
 	var logBuf, tightLog syncBuffer
 	s := openOn(t, proxyAddrs, append(opts, logged(&logBuf))...)
+	// The outage view's Stream has proxies of its own, which the
+	// view-outage fault holds down while the store is compacted past it.
+	var outageAddrs []string
+	var outageProxies []*etcdwatchtest.Proxy
+	for _, m := range members {
+		p := etcdwatchtest.NewProxy(t, m.Endpoint)
+		outageProxies = append(outageProxies, p)
+		outageAddrs = append(outageAddrs, p.Addr())
+	}
+	outage := openOn(t, outageAddrs, opts...)
 	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32), logged(&tightLog))...)
 	var recs []*recording
 	defer func() { // on failure, while the watches still run
@@ -62,7 +72,7 @@ func TestSoak(t *testing.T) {
 	// The tight stream's consumers are slower than the writer every other
 	// second: they pause, then catch up.
 	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 2*time.Millisecond)...)
-	views := soakViews(t, s, tight)
+	views := soakViews(t, s, tight, outage)
 	defer func() {
 		if t.Failed() {
 			for _, sv := range views {
@@ -74,6 +84,22 @@ func TestSoak(t *testing.T) {
 
 	counts := map[string]int{}
 	var compacted int64 // the last compaction's revision
+	slowest := func() int64 {
+		low := recs[0].Last()
+		for _, r := range recs {
+			low = min(low, r.Last())
+		}
+		return low
+	}
+	compactBelowWatches := func() {
+		// etcd refuses to compact at or below its last compaction, and
+		// the slowest watch may not have moved since then.
+		if low := slowest(); low > max(start, compacted) {
+			_, err := kv.Compact(ctx(t), low)
+			require.NoError(t, err)
+			compacted = low
+		}
+	}
 	faultsList := []struct {
 		name string
 		do   func()
@@ -90,17 +116,21 @@ func TestSoak(t *testing.T) {
 			m.Stop()
 			require.NoError(t, m.Restart())
 		}},
-		{"compact", func() {
-			low := recs[0].Last()
-			for _, r := range recs {
-				low = min(low, r.Last())
+		{"compact", func() { compactBelowWatches() }},
+		{"view-outage", func() {
+			// The outage view is held off while the store is compacted
+			// past it: on its return its watch is compacted, and it lists
+			// again (Relisted, checked by checkViews like every batch).
+			for _, p := range outageProxies {
+				p.Refuse(true)
+				p.Cut()
 			}
-			// etcd refuses to compact at or below its last compaction, and
-			// the slowest watch may not have moved since then.
-			if low > max(start, compacted) {
-				_, err := kv.Compact(ctx(t), low)
-				require.NoError(t, err)
-				compacted = low
+			require.Eventually(t, func() bool { return !outage.State().Connected }, wait, time.Millisecond, "the outage went unnoticed")
+			held := views[len(views)-1].v.Revision()
+			require.Eventually(t, func() bool { return slowest() > held }, wait, time.Millisecond, "the watches did not pass the outage view")
+			compactBelowWatches()
+			for _, p := range outageProxies {
+				p.Refuse(false)
 			}
 		}},
 	}
@@ -149,8 +179,9 @@ type soakView struct {
 }
 
 // soakViews starts the soak's views: two of the whole prefix, one on each
-// stream, each with a subscriber from the start, and one of part of it.
-func soakViews(t *testing.T, s, tight *etcdwatch.Stream) []*soakView {
+// stream, each with a subscriber from the start, one of part of it, and,
+// last, one on the outage stream with a subscriber.
+func soakViews(t *testing.T, s, tight, outage *etcdwatch.Stream) []*soakView {
 	t.Helper()
 	views := []*soakView{
 		{name: "prefix", v: newView(t, s, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes)},
@@ -158,8 +189,9 @@ func soakViews(t *testing.T, s, tight *etcdwatch.Stream) []*soakView {
 			etcdwatch.WithHistoryBytes(16<<10), etcdwatch.WithIntegrityCheck(time.Second))},
 		{name: "range", v: newView(t, s, etcdwatch.Range("soak/k00", "soak/k05"), etcdwatch.DecodeBytes,
 			etcdwatch.WithBookmarkInterval(200*time.Millisecond))},
+		{name: "outage", v: newView(t, outage, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes)},
 	}
-	for _, sv := range views[:2] {
+	for _, sv := range []*soakView{views[0], views[1], views[3]} {
 		sv.rp = replay(sv.v.Subscribe(0))
 	}
 	return views
