@@ -224,8 +224,8 @@ func (c *viewCore[T]) listAndWatch() error {
 }
 
 // follow applies the watch's responses until the watch cannot go on
-// (nil: list again) or the state ends (the reason). Applied responses are
-// published as the pacer says.
+// (nil: list again) or the state ends (the reason). Applied steps are
+// published when the pacer says.
 func (c *viewCore[T]) follow() error {
 	var tick <-chan time.Time
 	if c.opts.bookmark > 0 {
@@ -233,19 +233,9 @@ func (c *viewCore[T]) follow() error {
 		defer t.Stop()
 		tick = t.C
 	}
-	hold := time.NewTimer(time.Hour)
-	hold.Stop()
-	defer hold.Stop()
-	var due <-chan time.Time // hold's channel while responses are held
-	pace := pacer{gap: publishGap}
-	var held []Batch[T] // applied, not yet published
-	flush := func() {
-		c.publish(held...)
-		held = held[:0:0] // the history keeps the published ones
-		pace.published(time.Now())
-		hold.Stop()
-		due = nil
-	}
+	held := newUnpublished[T]()
+	defer held.stop()
+	flush := func() { c.publish(held.take(time.Now())...) }
 	heard := false
 	for {
 		select {
@@ -254,16 +244,11 @@ func (c *viewCore[T]) follow() error {
 				flush()
 				return c.watchEnded()
 			}
-			held = holdStep(held, c.apply(r))
 			heard = true
-			switch wait := pace.applied(time.Now()); {
-			case wait == 0:
+			if held.add(c.apply(r), time.Now()) {
 				flush()
-			case due == nil:
-				hold.Reset(wait)
-				due = hold.C
 			}
-		case <-due:
+		case <-held.due:
 			flush()
 		case <-tick:
 			if !heard {
@@ -279,6 +264,47 @@ func (c *viewCore[T]) follow() error {
 			return context.Cause(c.ctx)
 		}
 	}
+}
+
+// unpublished is what follow has applied and not yet published: the steps,
+// and the timer that says when the pacer wants them out. Owned by follow.
+type unpublished[T any] struct {
+	pace  pacer
+	steps []Batch[T]
+	timer *time.Timer
+	due   <-chan time.Time // the timer's channel while steps are held; nil otherwise
+}
+
+func newUnpublished[T any]() *unpublished[T] {
+	u := &unpublished[T]{pace: pacer{gap: publishGap}, timer: time.NewTimer(time.Hour)}
+	u.timer.Stop()
+	return u
+}
+
+// add holds the step b applied at now, and reports whether to publish now;
+// if not, the timer is set for when.
+func (u *unpublished[T]) add(b Batch[T], now time.Time) bool {
+	u.steps = holdStep(u.steps, b)
+	wait := u.pace.applied(now)
+	if wait > 0 && u.due == nil {
+		u.timer.Reset(wait)
+		u.due = u.timer.C
+	}
+	return wait == 0
+}
+
+// take returns the steps held, to be published at now, and forgets them.
+func (u *unpublished[T]) take(now time.Time) []Batch[T] {
+	steps := u.steps
+	u.steps = nil // the history keeps the published ones
+	u.pace.published(now)
+	u.stop()
+	return steps
+}
+
+func (u *unpublished[T]) stop() {
+	u.timer.Stop()
+	u.due = nil
 }
 
 // watchEnded decides what the end of the watch means: a compacted history
