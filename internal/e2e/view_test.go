@@ -727,6 +727,23 @@ func TestViewSyncSeesEveryWrite(t *testing.T) {
 		requireEqualsServer(t, kv, v, v.Snapshot())
 	})
 	require.Zero(t, v.Stats().Relists)
+
+	// Behind a proxy that delays every chunk, a write's event reaches the
+	// view well after the write returns: a Sync that did not wait for it
+	// would fail here at once, where on loopback the event may win the race.
+	t.Run("delayed", func(t *testing.T) {
+		p := etcdwatchtest.NewProxy(t, etcd.Endpoint)
+		p.SetDelay(5 * time.Millisecond)
+		slow := openOn(t, []string{p.Addr()})
+		dv := newView(t, slow, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+		for i := range 30 {
+			rev := put(t, kv, prefix+"k", fmt.Sprint(i))
+			require.NoError(t, dv.Sync(ctx(t)))
+			e, ok := dv.Get(prefix + "k")
+			require.True(t, ok)
+			require.Equal(t, rev, e.ModRevision, "write %d", i)
+		}
+	})
 }
 
 // TestViewIdlePrefixSurvivesCompaction: nobody writes the view's range while
