@@ -57,7 +57,9 @@ type viewCounters struct {
 }
 
 func newViewCore[T any](s *Stream, r Request, decode Decoder[T], o viewOptions) *viewCore[T] {
-	ctx, cancel := viewContext(s)
+	// The state's context ends with the Stream's (cause ErrClosed), or when
+	// the last View goes (ErrViewClosed).
+	ctx, cancel := context.WithCancelCause(s.base)
 	c := &viewCore[T]{
 		stream:  s,
 		req:     Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
@@ -101,15 +103,9 @@ func (c *viewCore[T]) finish(err error) {
 	}
 }
 
-// ended reports whether the state has ended. Called under the registry's lock.
-func (c *viewCore[T]) ended() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return c.ctx.Err() != nil
-	}
-}
+// ended reports whether the state has ended or is ending: its context is
+// canceled before done is closed. Called under the registry's lock.
+func (c *viewCore[T]) ended() bool { return c.ctx.Err() != nil }
 
 // failed returns why the state ended before it was first published; nil
 // once it was. Call after ready is closed.
@@ -187,7 +183,7 @@ func (e *listError) Error() string { return "etcdwatch: listing the view's range
 func (e *listError) Unwrap() error { return e.err }
 
 // listAndWatch lists the range at a new revision R, comparing it with the
-// published state as it goes, watches from R+1, and publishes the new state
+// published state as it goes, watches from R, and publishes the new state
 // with the difference (none for the first listing).
 func (c *viewCore[T]) listAndWatch() error {
 	base := c.snap.Load()

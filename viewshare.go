@@ -1,7 +1,6 @@
 package etcdwatch
 
 import (
-	"context"
 	"reflect"
 	"sync"
 	"unsafe"
@@ -83,9 +82,3 @@ func (reg *viewRegistry) close() {
 
 // wait waits for every state to end.
 func (reg *viewRegistry) wait() { reg.wg.Wait() }
-
-// viewContext is a state's context: it ends with the Stream's (cause
-// ErrClosed) or when the last View goes (ErrViewClosed).
-func viewContext(s *Stream) (context.Context, context.CancelCauseFunc) {
-	return context.WithCancelCause(s.base)
-}

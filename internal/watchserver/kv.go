@@ -19,14 +19,13 @@ import (
 // that a test can make a listing disagree with the watch it follows. Every
 // request is recorded.
 type KV struct {
-	mu        sync.Mutex
-	keys      map[string]*mvccpb.KeyValue
-	rev       int64
-	compacted int64 // Ranges at or below it fail as compacted
-	streams   bool  // RangeStream is served
-	chunk     int   // keys per RangeStream message
-	requests  []*pb.RangeRequest
-	fail      []error // returned, in turn, by the next Range or RangeStream calls
+	mu       sync.Mutex
+	keys     map[string]*mvccpb.KeyValue
+	rev      int64
+	streams  bool // RangeStream is served
+	chunk    int  // keys per RangeStream message
+	requests []*pb.RangeRequest
+	fail     []error // returned, in turn, by the next Range or RangeStream calls
 }
 
 func newKV() *KV { return &KV{keys: make(map[string]*mvccpb.KeyValue), rev: 1, chunk: 2} }
@@ -61,13 +60,6 @@ func (k *KV) Revision() int64 {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.rev
-}
-
-// CompactAt makes Ranges at revisions up to rev fail as compacted.
-func (k *KV) CompactAt(rev int64) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.compacted = rev
 }
 
 // ServeStreams turns RangeStream on, chunk keys to a message.
@@ -137,9 +129,6 @@ func (k *KV) rangeLocked(r *pb.RangeRequest) (*pb.RangeResponse, error) {
 	}
 	if r.Revision > k.rev {
 		return nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision is a future revision")
-	}
-	if r.Revision != 0 && r.Revision <= k.compacted {
-		return nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	}
 	kvs := k.inRange(r)
 	resp := &pb.RangeResponse{Header: Header(k.rev), Count: int64(len(kvs))}
