@@ -89,8 +89,15 @@ func Connect(t *testing.T, endpoint string) *Env {
 // both closed when the test ends.
 func open(t *testing.T, endpoint string, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
-	conn, err := etcdwatch.Dial([]string{endpoint}, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	return openConn(t, endpoint, nil, opts...)
+}
+
+// openConn is open with dial options of the test's own added.
+func openConn(t *testing.T, endpoint string, dial []grpc.DialOption, opts ...etcdwatch.Option) *etcdwatch.Stream {
+	t.Helper()
+	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}, dial...)
+	conn, err := etcdwatch.Dial([]string{endpoint}, dial...)
 	must(t, err)
 	s, err := etcdwatch.Open(conn, opts...)
 	must(t, err)

@@ -16,7 +16,6 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -477,22 +476,6 @@ func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Ba
 	b, err := sub.Next(ctx)
 	must(t, err)
 	return b
-}
-
-// openConn is open with dial options of the test's own added.
-func openConn(t *testing.T, endpoint string, dial []grpc.DialOption, opts ...etcdwatch.Option) *etcdwatch.Stream {
-	t.Helper()
-	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}, dial...)
-	conn, err := etcdwatch.Dial([]string{endpoint}, dial...)
-	must(t, err)
-	s, err := etcdwatch.Open(conn, opts...)
-	must(t, err)
-	t.Cleanup(func() {
-		check(t, s.Close() == nil, "Close failed")
-		conn.Close()
-	})
-	return s
 }
 
 // spy sees the Range and RangeStream calls a Stream's connection makes for
