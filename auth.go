@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // WithPassword makes Dial authenticate as user with etcd's Auth RPC and
@@ -132,8 +134,9 @@ func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (stri
 	case errors.Is(rpctypes.Error(err), rpctypes.ErrAuthNotEnabled):
 		return "", nil
 	}
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition:
+	// FailedPrecondition is also how etcd refuses users and roles (a user
+	// not found, a role not granted); auth being off is handled above.
+	if rpcerr.Final(err) || status.Code(err) == codes.FailedPrecondition {
 		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
 	}
 	return "", err

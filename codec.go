@@ -29,6 +29,12 @@ type wireResponse struct {
 	size            int // of the message, for the session's read-ahead bound
 }
 
+// GetCanceled and GetCancelReason are the getters of etcd's generated
+// WatchResponse, so that a stream interceptor on the connection (Dial's
+// auth, say) reads a Stream's responses as it reads the generated client's.
+func (r *wireResponse) GetCanceled() bool       { return r.Canceled }
+func (r *wireResponse) GetCancelReason() string { return r.CancelReason }
+
 // Field numbers of the messages in etcd's rpc.proto and kv.proto.
 const (
 	fieldRespHeader          = 1

@@ -3,10 +3,8 @@ package etcdwatch
 import (
 	"errors"
 	"fmt"
-	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -105,41 +103,19 @@ func (e *ServerError) Unwrap() error {
 	return e.kind
 }
 
-// serverReasons maps fragments of etcd's cancel_reason texts to sentinels.
-// Reasons may arrive bare ("etcdserver: permission denied") or as a whole gRPC
-// status text ("rpc error: code = PermissionDenied desc = ..."), so they are
-// matched by substring. This is the one place that reads the server's text.
-var serverReasons = []struct {
-	fragment string
-	kind     error
-}{
-	{"permission denied", ErrPermissionDenied},
-	{"invalid auth token", ErrUnauthenticated},
-	{"revision of auth store is old", ErrUnauthenticated},
-	{"user name is empty", ErrUnauthenticated},
-	{"range is empty", ErrInvalidRequest},
-	{"duplicate watch id", ErrInvalidRequest},
-	{"compacted", ErrCompacted}, // etcd 3.7 refuses a negative start revision so
-}
-
-// classifyReason turns a server cancel reason into a *ServerError.
+// classifyReason turns a server cancel reason into a *ServerError. The
+// text is read in internal/rpcerr, the one place that reads the server's.
 func classifyReason(reason string) *ServerError {
-	lower := strings.ToLower(reason)
-	for _, r := range serverReasons {
-		if strings.Contains(lower, r.fragment) {
-			return &ServerError{Reason: reason, kind: r.kind}
-		}
-	}
-	return &ServerError{Reason: reason, kind: ErrServerCanceled}
+	return &ServerError{Reason: reason, kind: reasonKinds[rpcerr.Classify(reason)]}
 }
 
-// isNoLeader reports whether a stream was refused or ended because its
-// member had no leader (etcd's ErrGRPCNoLeader, sent to streams that
-// require one). It reads the server's text, as classifyReason does: etcd
-// sends this refusal as a plain Unavailable status.
-func isNoLeader(err error) bool {
-	s, ok := status.FromError(err)
-	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "no leader")
+// reasonKinds maps what rpcerr made of a reason to the sentinel it matches.
+var reasonKinds = [...]error{
+	rpcerr.Other:            ErrServerCanceled,
+	rpcerr.PermissionDenied: ErrPermissionDenied,
+	rpcerr.Unauthenticated:  ErrUnauthenticated,
+	rpcerr.InvalidRequest:   ErrInvalidRequest,
+	rpcerr.Compacted:        ErrCompacted,
 }
 
 // streamError wraps the error that ended a gRPC stream.

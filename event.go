@@ -60,8 +60,8 @@ type Header struct {
 // revisions in order, or, with no events, a progress bookmark. A consumer
 // that keeps up gets the events of each message from the server (of each
 // revision sent in fragments) in a Response of their own; for one that is
-// behind, small responses waiting for it are joined, up to 64 events to a
-// Response, so that it catches up in fewer handovers. Bookmarks are never
+// behind, small responses waiting for it are joined, up to JoinLimit events to
+// a Response, so that it catches up in fewer handovers. Bookmarks are never
 // joined with events.
 //
 // A Response belongs to its consumer, who may keep and modify it. The key,
@@ -76,6 +76,13 @@ type Response struct {
 	// <= Revision has now been delivered.
 	Revision int64
 }
+
+// JoinLimit is the most events a Response joined from several for a
+// consumer that is behind may carry. Such a consumer then takes small
+// responses several at a time, each handover costing a goroutine wake-up;
+// large ones go as they came, since copying them would cost more than it
+// saves. Wings that join their own batches (a view's) use the same limit.
+const JoinLimit = 64
 
 // IsProgress reports whether r is a bookmark, a response without events.
 func (r Response) IsProgress() bool { return len(r.Events) == 0 }

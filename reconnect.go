@@ -8,11 +8,10 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch/internal/ring"
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // Causes with which the dispatcher itself ends a session, to replace it.
@@ -60,7 +59,7 @@ func (d *dispatcher) handleSessionEnd() {
 	}
 	end := streamEnd{
 		worked:   d.sessHeard || time.Since(d.sessStart) >= healthyPeriod,
-		noLeader: isNoLeader(err),
+		noLeader: rpcerr.NoLeader(err),
 	}
 	if end.worked {
 		d.downSince = time.Now()
@@ -82,11 +81,7 @@ func (d *dispatcher) retryable(err error) bool {
 	if c, ok := d.s.conn.(interface{ GetState() connectivity.State }); ok && c.GetState() == connectivity.Shutdown {
 		return false
 	}
-	switch status.Code(err) {
-	case codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument:
-		return false
-	}
-	return true
+	return !rpcerr.Final(err)
 }
 
 // requeueAll puts every watch that had or awaited a server-side watch back in
@@ -219,9 +214,15 @@ func (b *backoff) next(now time.Time, end streamEnd) time.Duration {
 		return jitter(noLeaderRetry)
 	}
 	b.failures++
-	d := b.max
-	if shift := b.failures - 1; shift < 30 && b.min<<shift < b.max {
-		d = b.min << shift
+	return growing(b.min, b.max, b.failures)
+}
+
+// growing is the delay after n failures in a row (n >= 1): min doubling
+// with each up to max, jittered.
+func growing(min, max time.Duration, n int) time.Duration {
+	d := max
+	if shift := n - 1; shift < 30 && min<<shift < max {
+		d = min << shift
 	}
 	return jitter(d)
 }

@@ -67,12 +67,16 @@ func (b *stateBox) failed(err error, now time.Time) (first bool) {
 	return first
 }
 
-// explain adds to cause, why a call gave up, the reason the stream could
-// not open, if it could not: errors.Is matches both.
-func (b *stateBox) explain(cause error) error {
-	st := b.get()
+// Explain adds to cause, why a call gave up waiting on the Stream, the
+// reason the stream could not open, if it could not: errors.Is matches
+// both, and status.Code reads gRPC's. It returns cause as it is while the
+// stream is open.
+func (st State) Explain(cause error) error {
 	if st.Connected || st.LastError == nil {
 		return cause
 	}
 	return fmt.Errorf("%w (the watch stream has not been open since %s: %w)", cause, st.Since.Format(time.RFC3339), st.LastError)
 }
+
+// explain is Explain for the State now.
+func (b *stateBox) explain(cause error) error { return b.get().Explain(cause) }

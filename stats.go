@@ -22,6 +22,7 @@ type Stats struct {
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended
 	Resumed           uint64 // watches re-created on a new stream after a reconnect, once it confirmed them
+	Revision          int64  // the highest revision in a response header so far: how far the store is known to be
 	// LastMessage is when the last response, or the burst of responses
 	// read together with it, arrived; zero before the first.
 	LastMessage time.Time
@@ -36,7 +37,7 @@ type counters struct {
 	duplicates, unknown          atomic.Uint64
 	reconnects, resumed          atomic.Uint64
 	lastMessage                  atomic.Int64 // UnixNano
-	revision                     atomic.Int64 // the highest header revision seen, for ViewStats.Lag
+	revision                     atomic.Int64 // the highest header revision seen
 	idsRewritten                 atomic.Bool
 }
 
@@ -56,6 +57,7 @@ func (c *counters) snapshot() Stats {
 		IDsRewritten:      c.idsRewritten.Load(),
 		Reconnects:        c.reconnects.Load(),
 		Resumed:           c.resumed.Load(),
+		Revision:          c.revision.Load(),
 	}
 	if ns := c.lastMessage.Load(); ns != 0 {
 		s.LastMessage = time.Unix(0, ns)

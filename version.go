@@ -7,8 +7,9 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch/internal/clock"
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // serverRelease is an etcd release, as the Maintenance Status RPC reports it.
@@ -65,27 +66,14 @@ func (s *Stream) askRelease(ctx context.Context) (serverRelease, bool) {
 			}
 			return r, ok
 		}
-		switch status.Code(err) {
-		case codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated, codes.Canceled:
+		if rpcerr.Final(err) || rpcerr.Canceled(err) {
 			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err)
 			return serverRelease{}, false
 		}
-		if attempt == probeAttempts || !sleepCtx(ctx, time.Duration(attempt)*time.Second) {
+		if attempt == probeAttempts || clock.Sleep(ctx, clock.Real, time.Duration(attempt)*time.Second) != nil {
 			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err, "attempts", attempt)
 			return serverRelease{}, false
 		}
-	}
-}
-
-// sleepCtx waits d and reports true, or false if ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -314,9 +314,6 @@ func (c *viewCore[T]) watchEnded() error {
 	return err
 }
 
-// maxJoined bounds the changes of a batch joined from several responses.
-const maxJoined = 64
-
 // holdStep adds b to the batches held for publication, joined to the last one
 // when both are small, as a Watch joins small responses: a subscriber then
 // takes a burst of single events in a few handovers rather than one each.
@@ -324,7 +321,7 @@ func holdStep[T any](held []Batch[T], b Batch[T]) []Batch[T] {
 	switch n := len(held); {
 	case len(b.Changes) == 0:
 		return held
-	case n > 0 && len(held[n-1].Changes)+len(b.Changes) <= maxJoined:
+	case n > 0 && len(held[n-1].Changes)+len(b.Changes) <= JoinLimit:
 		last := &held[n-1]
 		last.Changes = append(last.Changes, b.Changes...)
 		last.Revision = b.Revision

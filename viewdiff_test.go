@@ -177,7 +177,7 @@ func TestPacer(t *testing.T) {
 	require.NotZero(t, p.applied(t0), "published resets the count")
 }
 
-// TestHoldStep: small steps held for publication are joined, up to maxJoined
+// TestHoldStep: small steps held for publication are joined, up to JoinLimit
 // changes, into one step from the first's From to the last's Revision.
 func TestHoldStep(t *testing.T) {
 	step := func(from, n int) Batch[[]byte] {
@@ -191,7 +191,7 @@ func TestHoldStep(t *testing.T) {
 	require.EqualValues(t, 1, held[0].From)
 	require.EqualValues(t, 3, held[0].Revision)
 	require.Len(t, held[0].Changes, 2)
-	held = holdStep(held, step(3, maxJoined-1))
-	require.Len(t, held, 2, "past maxJoined changes a step is kept apart")
+	held = holdStep(held, step(3, JoinLimit-1))
+	require.Len(t, held, 2, "past JoinLimit changes a step is kept apart")
 	require.EqualValues(t, 3, held[1].From)
 }

@@ -2,7 +2,6 @@ package etcdwatch
 
 import (
 	"context"
-	"errors"
 	"io"
 	"math"
 
@@ -11,6 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // lister reads a view's range at one revision, in key order: with the
@@ -149,12 +150,5 @@ func (l *lister) fresh(ctx context.Context) (freshness, error) {
 // anything but a refusal of the caller or of the request. A revision
 // compacted during a paged listing (OutOfRange) is retried at a newer one.
 func listRetryable(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	switch status.Code(err) {
-	case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.Unimplemented, codes.Canceled:
-		return false
-	}
-	return true
+	return !rpcerr.Final(err) && !rpcerr.Canceled(err)
 }

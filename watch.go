@@ -157,17 +157,11 @@ func (w *Watch) tellCreated(err error) {
 // keptQueue is the largest queue buffer a watch keeps once drained.
 const keptQueue = 4
 
-// joinMax is the most events a queued response takes in from those queued
-// after it. A consumer that is behind then takes small responses several at
-// a time, each handover costing a goroutine wake-up; large ones go as they
-// came, since copying them would cost more than it saves.
-const joinMax = 64
-
 // joinable reports whether the events of r may join queued response q: both
 // carry events, few enough together. A Response holds whole revisions in
 // order, and so does the joined one.
 func joinable(q, r Response) bool {
-	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= joinMax
+	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= JoinLimit
 }
 
 // push hands r to the consumer without ever blocking: straight to a waiting

@@ -1,0 +1,78 @@
+// Package rpcerr reads what etcd says when it refuses something: which gRPC
+// codes no retry can cure, and what the texts of its cancel reasons mean.
+// It is the one place in etcdwatch that reads the server's text.
+package rpcerr
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Final reports whether err refuses the caller or the request itself: a
+// permission, credentials, an argument, or an RPC the server does not have.
+// Asking again, on this connection or another, gets the same answer.
+func Final(err error) bool {
+	switch status.Code(err) {
+	case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
+// Canceled reports whether err is a cancellation, the caller's own
+// (context.Canceled, context.DeadlineExceeded) or gRPC's (codes.Canceled).
+func Canceled(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Canceled
+}
+
+// Kind is what a server's cancel reason means.
+type Kind uint8
+
+const (
+	Other            Kind = iota // none of the below
+	PermissionDenied             // the user may not read the range
+	Unauthenticated              // the token is invalid, expired or older than the auth store
+	InvalidRequest               // the server refused the request as malformed
+	Compacted                    // the start revision has been compacted
+)
+
+// reasons maps fragments of etcd's cancel_reason texts to kinds. Reasons
+// may arrive bare ("etcdserver: permission denied") or as a whole gRPC
+// status text ("rpc error: code = PermissionDenied desc = ..."), so they
+// are matched by substring.
+var reasons = []struct {
+	fragment string
+	kind     Kind
+}{
+	{"permission denied", PermissionDenied},
+	{"invalid auth token", Unauthenticated},
+	{"revision of auth store is old", Unauthenticated},
+	{"user name is empty", Unauthenticated},
+	{"range is empty", InvalidRequest},
+	{"duplicate watch id", InvalidRequest},
+	{"compacted", Compacted}, // etcd 3.7 refuses a negative start revision so
+}
+
+// Classify returns what a cancel reason (or any error text of the server)
+// means.
+func Classify(reason string) Kind {
+	lower := strings.ToLower(reason)
+	for _, r := range reasons {
+		if strings.Contains(lower, r.fragment) {
+			return r.kind
+		}
+	}
+	return Other
+}
+
+// NoLeader reports whether a stream was refused or ended because its member
+// had no leader (etcd's ErrGRPCNoLeader, sent to streams that require one
+// as a plain Unavailable status).
+func NoLeader(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "no leader")
+}
