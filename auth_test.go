@@ -181,7 +181,7 @@ func TestAuthTokenRenewedWhenRefused(t *testing.T) {
 	streams, _ = a.seen()
 	require.Equal(t, []string{"tok1", "tok2"}, streams)
 	require.Equal(t, 2, a.authenticated())
-	require.Eventually(t, func() bool { return s.Stats().Resumed == 1 }, wait, time.Millisecond, "the first watch resumed on the new stream")
+	require.Eventually(t, func() bool { return s.Stats().Moved == 1 }, wait, time.Millisecond, "the first watch resumed on the new stream")
 	require.NoError(t, first.Err())
 
 	kv := pb.NewKVClient(conn)

@@ -1,6 +1,10 @@
 package etcdwatch
 
-import "time"
+import (
+	"time"
+
+	"github.com/etcdwatch/etcdwatch/internal/clock"
+)
 
 // This file is the slow-consumer policy: how much a watch may hold for a
 // consumer that is not reading, and what happens when it holds that much.
@@ -77,21 +81,21 @@ func (b bufferLimit) caughtUp(q load) bool {
 
 // stall is the stream held up for one watch at its buffer limit. While a
 // stall lasts no responses are read, so no other watch can reach its limit.
-// Owned by the dispatcher; now is injected for tests.
+// Owned by the dispatcher; now and the clock are injected for tests.
 type stall struct {
-	max    time.Duration // the most stall time saved up; 0: never stall
-	w      *Watch        // the watch waited for; nil when none
-	since  time.Time     // when the stall began
-	shared bool          // the stall holds up other watches
-	until  time.Time     // when the stall must end; the timer fires then
-	budget time.Duration // stall time left, as of at
-	at     time.Time     // when budget was last brought up to date
-	timer                // fires when the stall has lasted as long as it may
+	max             time.Duration // the most stall time saved up; 0: never stall
+	w               *Watch        // the watch waited for; nil when none
+	since           time.Time     // when the stall began
+	shared          bool          // the stall holds up other watches
+	until           time.Time     // when the stall must end; the timer fires then
+	budget          time.Duration // stall time left, as of at
+	at              time.Time     // when budget was last brought up to date
+	clock.Stoppable               // fires when the stall has lasted as long as it may
 }
 
 // begin starts waiting for w if the ration allows, and reports whether it
-// did. shared tells whether other watches would be held up.
-func (s *stall) begin(w *Watch, now time.Time, shared bool) bool {
+// did. shared tells whether other watches would be held up; c runs the timer.
+func (s *stall) begin(c clock.Clock, w *Watch, now time.Time, shared bool) bool {
 	if s.at.IsZero() {
 		s.budget = s.max
 	} else {
@@ -103,7 +107,7 @@ func (s *stall) begin(w *Watch, now time.Time, shared bool) bool {
 	}
 	s.w, s.since, s.shared = w, now, shared
 	s.until = now.Add(s.allowed())
-	s.timer.reset(s.allowed())
+	s.Reset(c, s.allowed())
 	return true
 }
 
@@ -118,21 +122,22 @@ func (s *stall) allowed() time.Duration {
 
 // share cuts short a stall that has begun to hold up other watches: a
 // create or a progress request now waits behind it.
-func (s *stall) share(now time.Time) {
+func (s *stall) share(c clock.Clock, now time.Time) {
 	if s.w == nil || s.shared {
 		return
 	}
 	s.shared = true
 	s.until = s.since.Add(s.allowed())
-	s.timer.reset(max(s.until.Sub(now), 0))
+	s.Reset(c, max(s.until.Sub(now), 0))
 }
 
-// end stops waiting and charges the time waited beyond stallFree to the budget.
-func (s *stall) end(now time.Time) {
+// release stops waiting and charges the time waited beyond stallFree to
+// the budget.
+func (s *stall) release(now time.Time) {
 	s.budget = max(s.budget-max(now.Sub(s.since)-stallFree, 0), 0)
 	s.at = now
 	s.w = nil
-	s.timer.stop()
+	s.Stop()
 }
 
 // alone reports whether w is the only watch the stream is serving or
@@ -147,19 +152,25 @@ func (d *dispatcher) alone(w *Watch) bool {
 // the stream.
 func (d *dispatcher) stallShared() {
 	if d.stall.w != nil {
-		d.stall.share(time.Now())
+		d.stall.share(d.clock, d.clock.Now())
 	}
 }
 
-// deliver hands r to w. A watch that reaches its buffer limit holds up the
+// deliver hands r to w, starting a pump if r waits in a backlog. A watch
+// whose consumer is behind (its backlog at the buffer limit) holds up the
 // stream, or is paused once it may stall no longer.
 func (d *dispatcher) deliver(w *Watch, r Response) {
-	if !w.push(r) {
+	start, behind := w.out.push(r, d.s.limit)
+	if start {
+		d.s.pumps.Add(1)
+		go w.pump(w.out.backlog.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.
+	}
+	if !behind {
 		return
 	}
-	if d.stall.begin(w, time.Now(), !d.alone(w)) {
+	if d.stall.begin(d.clock, w, d.clock.Now(), !d.alone(w)) {
 		d.s.stats.stalls.Add(1)
-		d.log.Debug("etcdwatch: consumer at its buffer limit; stream held up", "id", w.ID(), "revision", w.rev)
+		d.log.Debug("etcdwatch: consumer at its buffer limit; stream held up", "id", w.ID(), "revision", w.entry.rev)
 		return
 	}
 	d.pause(w)
@@ -169,7 +180,7 @@ func (d *dispatcher) deliver(w *Watch, r Response) {
 // time its stall was given.
 func (d *dispatcher) handleStallTimeout() {
 	w := d.stall.w
-	d.stall.end(time.Now())
+	d.stall.release(d.clock.Now())
 	if w != nil {
 		d.pause(w)
 	}
@@ -178,7 +189,7 @@ func (d *dispatcher) handleStallTimeout() {
 // endStall stops waiting for w, if the stream is waiting for it.
 func (d *dispatcher) endStall(w *Watch) {
 	if d.stall.w == w && w != nil {
-		d.stall.end(time.Now())
+		d.stall.release(d.clock.Now())
 	}
 }
 
@@ -189,29 +200,29 @@ func (d *dispatcher) handleResume(w *Watch) {
 		d.endStall(w)
 		return
 	}
-	if w.state != statePaused {
+	if w.entry.state != statePaused {
 		return
 	}
 	delete(d.paused, w)
 	d.s.stats.paused.Add(-1)
 	d.s.stats.resumes.Add(1)
-	w.state = stateCreating
+	w.entry.state = stateCreating
 	d.toCreate.Push(w)
 	d.flushCreates()
 }
 
 // pause cancels w's server-side watch until its consumer catches up; the
 // pump sends resumeCmd then. Events already in flight for it are dropped and
-// fetched again from w.rev+1.
+// fetched again from the revision after its entry's.
 func (d *dispatcher) pause(w *Watch) {
 	d.endStall(w)
 	id := w.ID()
 	delete(d.watches, id)
 	d.sendCancel(id)
-	w.state = statePaused
+	w.entry.state = statePaused
 	delete(d.frags, w)
 	d.paused[w] = struct{}{}
 	d.s.stats.paused.Add(1)
 	d.s.stats.pauses.Add(1)
-	d.log.Debug("etcdwatch: consumer fell behind; watch paused", "id", id, "revision", w.rev)
+	d.log.Debug("etcdwatch: consumer fell behind; watch paused", "id", id, "revision", w.entry.rev)
 }

@@ -12,9 +12,6 @@ type ctxGroup struct {
 	watches map[*Watch]struct{}
 }
 
-// ctxDoneCmd tells the dispatcher that the contexts of g have ended.
-type ctxDoneCmd struct{ g *ctxGroup }
-
 // bind makes w end when ctx does. A context that never ends needs nothing.
 func (d *dispatcher) bind(w *Watch, ctx context.Context) {
 	done := ctx.Done()
@@ -30,17 +27,17 @@ func (d *dispatcher) bind(w *Watch, ctx context.Context) {
 		d.ctxs[done] = g
 	}
 	g.watches[w] = struct{}{}
-	w.group = g
+	w.entry.group = g
 }
 
 // unbind removes w from its group, releasing the group's AfterFunc when it
 // was the last one.
 func (d *dispatcher) unbind(w *Watch) {
-	g := w.group
+	g := w.entry.group
 	if g == nil {
 		return
 	}
-	w.group = nil
+	w.entry.group = nil
 	delete(g.watches, w)
 	if len(g.watches) == 0 && d.ctxs[g.ctx.Done()] == g {
 		g.stop()
@@ -57,8 +54,8 @@ func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 	delete(d.ctxs, g.ctx.Done())
 	cause := context.Cause(g.ctx)
 	for w := range g.watches {
-		w.group = nil
-		if w.end(cause, true) {
+		w.entry.group = nil
+		if w.out.abort(cause) {
 			d.handleCancel(w)
 		}
 	}

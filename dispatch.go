@@ -1,45 +1,33 @@
 package etcdwatch
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 )
 
-// Commands other goroutines send to the dispatcher through Stream.cmds.
-type (
-	createCmd struct { // open ws, ending them with ctx
-		ws  []*Watch
-		ctx context.Context
-	}
-	cancelCmd   struct{ w *Watch }          // w was ended by its consumer: release it
-	cancelsCmd  struct{ ws []*Watch }       // as cancelCmd, for each of ws
-	resumeCmd   struct{ w *Watch }          // the consumer of paused w has caught up
-	progressCmd struct{ p *progressWaiter } // a RequestProgress call waits
-)
-
 // dispatcher owns all of a Stream's watch state. Only its run goroutine
-// touches its fields, so none of them is locked.
+// touches its fields, so none of them is locked. Its loop is one select;
+// each kind of message has one handler, and none of them blocks.
 type dispatcher struct {
-	s    *Stream
-	open opener
-	log  *slog.Logger
+	s     *Stream
+	open  opener
+	log   *slog.Logger
+	clock clock.Clock
 
-	sess      *session  // the gRPC stream now; nil while waiting to reconnect
-	sessStart time.Time // when sess was opened
-	sessOpen  bool      // sess has opened its gRPC stream
-	sessHeard bool      // the server has said something on sess
-	downSince time.Time // when the last stream that worked ended; zero while one works
-	failed    error     // a failure reconnecting cannot fix; nil while the stream is usable
-	backoff   backoff   // delays between reconnections
-	retry     timer     // fires to open the next session
-	live      liveness  // notices a stream that has gone silent
-	hurry     connHurry // cuts gRPC's reconnect backoff short while a stream waits for it
+	sess      *session        // the gRPC stream now; nil while waiting to reconnect
+	sessStart time.Time       // when sess was opened
+	sessOpen  bool            // sess has opened its gRPC stream
+	sessHeard bool            // the server has said something on sess
+	discard   bool            // sess's answers cannot be matched: nothing more is read from it
+	downSince time.Time       // when the last stream that worked ended; zero while one works
+	failed    error           // a failure reconnecting cannot fix; nil while the stream is usable
+	backoff   backoff         // delays between reconnections
+	retry     clock.Stoppable // fires to open the next session
+	live      liveness        // notices a stream that has gone silent
+	hurry     connHurry       // cuts gRPC's reconnect backoff short while a stream waits for it
 
 	watches    map[int64]*Watch              // active watches by server id
 	paused     map[*Watch]struct{}           // paused watches, waiting for their consumers
@@ -47,11 +35,7 @@ type dispatcher struct {
 	toCreate   ring.Ring[*Watch]             // creates not yet sent
 	pending    ring.Ring[*Watch]             // creates sent, in request order
 	nextID     int64                         // last client-chosen id; ids are never reused on a stream
-	idsTrusted bool                          // this stream has echoed a chosen id
-	idsIgnored bool                          // this stream picked its own id (a proxy): one create at a time
-	proxySeen  bool                          // a stream has picked its own ids: each new one starts one create at a time
-	slowStart  bool                          // the next streams start one create at a time, until one echoes an id
-	discard    bool                          // this stream's answers cannot be matched: nothing more is read from it
+	pipeline   pipeline                      // how many creates may be in flight
 	unsent     bool                          // a watch was abandoned since the last dropUnsent
 	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
 	outbox     []wireRequest                 // requests waiting for the session's sendLoop
@@ -69,6 +53,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		s:          s,
 		open:       open,
 		log:        s.opts.logger,
+		clock:      s.opts.clock,
 		watches:    make(map[int64]*Watch),
 		paused:     make(map[*Watch]struct{}),
 		cancelling: make(map[int64]struct{}),
@@ -109,21 +94,16 @@ func (d *dispatcher) run() {
 		}
 		select {
 		case c := <-d.s.cmds:
-			d.handleCommand(c)
-			d.drainCommands()
-			if d.unsent {
-				d.dropUnsent()
-			}
+			d.handleCommands(c)
 		case resp := <-recv:
-			d.s.stats.lastMessage.Store(time.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
-			d.sess.took(resp.size)
-			d.handleResponse(&resp)
+			d.s.stats.lastMessage.Store(d.clock.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
+			d.take(&resp)
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
 		case <-opened:
 			d.sessOpen = true
-			d.s.state.opened(time.Now())
+			d.s.state.opened(d.clock.Now())
 		case <-dead:
 			d.handleSessionEnd()
 		case <-d.retry.C:
@@ -150,6 +130,13 @@ func (d *dispatcher) reading() bool { return d.stall.w == nil && !d.discard }
 // before it looks at commands and timers again.
 const drainBatch = 64
 
+// take handles a response the session handed over.
+func (d *dispatcher) take(resp *wireResponse) {
+	d.sess.took(resp.size)
+	d.handleResponse(resp)
+	d.s.hooks.handled()
+}
+
 // drainResponses handles responses that are already waiting, through a
 // select far cheaper than the loop's. A burst of them then costs one
 // wake-up of the loop, not one each. A stall stops it, and so does a stream
@@ -161,243 +148,135 @@ func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 		}
 		select {
 		case resp := <-recv:
-			d.sess.took(resp.size)
-			d.handleResponse(&resp)
+			d.take(&resp)
 		default:
 			return
 		}
 	}
 }
 
-// drainCommands handles commands that are already waiting, likewise.
-func (d *dispatcher) drainCommands() {
+// handleCommands handles c and the commands already waiting behind it,
+// likewise, then drops the creates of watches abandoned meanwhile.
+func (d *dispatcher) handleCommands(c command) {
+	c.handle(d)
 	for range drainBatch {
 		select {
 		case c := <-d.s.cmds:
-			d.handleCommand(c)
+			c.handle(d)
 		default:
+			d.dropUnsent()
 			return
 		}
 	}
+	d.dropUnsent()
 }
 
-// shutdown ends everything the dispatcher owns, for Close.
+// shutdown ends everything the dispatcher owns, for Close: every watch is
+// aborted with ErrClosed, and every command that arrives too late is
+// refused.
 func (d *dispatcher) shutdown() {
-	d.endAll(ErrClosed, true)
+	for w := range d.tracked() {
+		d.abortWatch(w, ErrClosed)
+	}
+	d.untrackAll(ErrClosed)
 	if d.sess != nil {
 		d.sess.close()
-		d.s.state.ended(ErrClosed, d.sessOpen, time.Now())
+		d.s.state.ended(ErrClosed, d.sessOpen, d.clock.Now())
 	}
-	d.retry.stop()
-	d.stall.stop()
-	d.live.stop()
-	d.hurry.stop()
-	d.progress.stop()
-	for { // commands that arrived too late
+	d.retry.Stop()
+	d.stall.Stop()
+	d.live.Stop()
+	d.hurry.Stop()
+	d.progress.Stop()
+	for {
 		select {
 		case c := <-d.s.cmds:
-			switch c := c.(type) {
-			case createCmd:
-				for _, w := range c.ws {
-					w.tellCreated(ErrClosed)
-					w.end(ErrClosed, true)
-				}
-			case progressCmd:
-				c.p.reply <- progressResult{err: ErrClosed}
-			}
+			c.refuse(ErrClosed)
 		default:
 			return
 		}
 	}
-}
-
-func (d *dispatcher) handleCommand(c any) {
-	switch c := c.(type) {
-	case createCmd:
-		d.handleCreate(c.ws, c.ctx)
-	case ctxDoneCmd:
-		d.handleCtxDone(c.g)
-	case cancelCmd:
-		d.handleCancel(c.w)
-	case cancelsCmd:
-		for _, w := range c.ws {
-			d.handleCancel(w)
-		}
-	case resumeCmd:
-		d.handleResume(c.w)
-	case progressCmd:
-		d.handleProgressRequest(c.p)
-	case versionCmd:
-		d.handleVersion(c)
-	default:
-		panic(fmt.Sprintf("etcdwatch: dispatcher got an unknown command %T", c))
-	}
-}
-
-// handleCreate queues the creates of ws, in order, and sends them.
-func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
-	for _, w := range ws {
-		if d.failed != nil {
-			w.tellCreated(d.failed)
-			w.end(d.failed, true)
-			continue
-		}
-		d.bind(w, ctx)
-		d.s.stats.watches.Add(1)
-		d.toCreate.Push(w)
-	}
-	d.flushCreates()
-}
-
-// handleCancel releases a watch its consumer has ended.
-func (d *dispatcher) handleCancel(w *Watch) {
-	switch w.state {
-	case stateCreating: // in toCreate or pending
-		d.abandon(w)
-	case stateActive:
-		delete(d.watches, w.ID())
-		d.sendCancel(w.ID())
-		d.forget(w)
-	case statePaused: // its server-side watch is already canceled
-		d.forget(w)
-	}
-}
-
-// flushCreates sends queued creates, pipelined. Answers are matched to
-// creates by order, which etcd keeps; etcd's gRPC proxy does not (it answers
-// a create that joins a range it already watches first) and picks its own
-// ids, so until a stream has echoed an id the client chose, the first answer
-// must echo the oldest create's id or the stream is given up (see
-// handleCreated). On a stream that picks its own ids, and on every stream
-// after one did, one create is in flight at a time.
-func (d *dispatcher) flushCreates() {
-	if d.toCreate.Len() > 0 {
-		d.stallShared() // their answers wait behind a stall
-	}
-	pipeline := !d.idsIgnored && (d.idsTrusted || !d.proxySeen && !d.slowStart)
-	for d.toCreate.Len() > 0 && (pipeline || d.pending.Len() == 0) {
-		w, _ := d.toCreate.Pop()
-		if w.abandoned {
-			d.forget(w)
-			continue
-		}
-		w.reqID = d.newID()
-		start := w.rev + 1
-		if w.fromNow {
-			start = 0
-		}
-		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: w.reqID, start: start, watch: &w.req})
-		d.pending.Push(w)
-	}
-}
-
-// firstWatchID is the first id the client chooses. A server that picks its
-// own ids counts each stream's watches from 0; starting far above, an id it
-// picks can never pass for the echo of one the client asked for.
-const firstWatchID = 1 << 32
-
-// newID returns an id never used on this stream and not awaiting a cancel.
-func (d *dispatcher) newID() int64 {
-	for {
-		d.nextID++
-		if _, busy := d.cancelling[d.nextID]; !busy {
-			return d.nextID
-		}
-	}
-}
-
-func (d *dispatcher) sendCancel(id int64) {
-	d.cancelling[id] = struct{}{}
-	d.outbox = append(d.outbox, wireRequest{kind: requestCancel, id: id})
-}
-
-// abandon releases a watch ended by its consumer while its create is queued
-// or in flight: it counts as a watch no more, and its create is not sent if
-// it has not been (see dropUnsent). It is forgotten when its turn comes:
-// when its create would be sent, or its answer arrives and its server-side
-// watch is canceled.
-func (d *dispatcher) abandon(w *Watch) {
-	w.abandoned = true
-	d.unbind(w)
-	d.s.stats.watches.Add(-1)
-	d.unsent = true
-}
-
-// dropUnsent takes the creates of abandoned watches out of the outbox,
-// which holds what the stream has not been given yet, and those watches out
-// of the creates in flight: the server never hears of them. While the
-// stream waits for its connection every create waits there, and a Watch
-// call that gave up meanwhile would otherwise cost a create and a cancel
-// once it is back. Called after a batch of commands.
-func (d *dispatcher) dropUnsent() {
-	d.unsent = false
-	dropped := make(map[int64]bool) // by create id: true until found unsent
-	for w := range d.pending.All() {
-		if w.abandoned {
-			dropped[w.reqID] = true
-		}
-	}
-	if len(dropped) == 0 {
-		return
-	}
-	d.outbox = slices.DeleteFunc(d.outbox, func(r wireRequest) bool {
-		if r.kind != requestCreate || !dropped[r.id] {
-			return false
-		}
-		dropped[r.id] = false
-		return true
-	})
-	d.pending.DeleteFunc(func(w *Watch) bool {
-		if found, ok := dropped[w.reqID]; ok && !found && w.abandoned {
-			d.forget(w)
-			return true
-		}
-		return false
-	})
 }
 
 // forget drops a watch that has ended or was abandoned.
 func (d *dispatcher) forget(w *Watch) {
-	if w.state == statePaused {
+	e := &w.entry
+	if e.state == statePaused {
 		delete(d.paused, w)
 		d.s.stats.paused.Add(-1)
 	}
 	d.endStall(w)
 	d.unbind(w)
-	w.state = stateDone
-	delete(d.frags, w)
-	if !w.probe && !w.abandoned { // an abandoned watch stopped counting then
+	if !e.probe && e.state != stateAbandoned { // an abandoned watch stopped counting then
 		d.s.stats.watches.Add(-1)
 	}
+	e.state = stateDone
+	delete(d.frags, w)
 }
 
-// end ends a watch the dispatcher still tracks and forgets it.
-func (d *dispatcher) end(w *Watch, err error, drop bool) {
-	if w.probe {
-		d.forget(w)
-		return
+// endWatch ends a watch the dispatcher still tracks, for a reason of the
+// server's or the stream's, and forgets it. Its consumer still gets what
+// was buffered for it.
+func (d *dispatcher) endWatch(w *Watch, err error) {
+	if !w.entry.probe {
+		w.tellCreated(err)
+		w.out.finish(err)
 	}
-	w.tellCreated(err)
-	w.end(err, drop)
 	d.forget(w)
 }
 
-// endAll ends every watch and progress waiter with err.
-func (d *dispatcher) endAll(err error, drop bool) {
-	for _, w := range d.watches {
-		d.end(w, err, drop)
+// abortWatch ends a watch the dispatcher still tracks at once, its backlog
+// dropped, and forgets it.
+func (d *dispatcher) abortWatch(w *Watch, err error) {
+	if !w.entry.probe {
+		w.tellCreated(err)
+		w.out.abort(err)
 	}
-	for w := range d.paused {
-		d.end(w, err, drop)
-	}
-	for _, q := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
-		for w, ok := q.Pop(); ok; w, ok = q.Pop() {
-			d.end(w, err, drop)
+	d.forget(w)
+}
+
+// tracked yields every watch the dispatcher tracks: active, paused, and
+// being created.
+func (d *dispatcher) tracked() func(yield func(*Watch) bool) {
+	return func(yield func(*Watch) bool) {
+		for _, w := range d.watches {
+			if !yield(w) {
+				return
+			}
+		}
+		for w := range d.paused {
+			if !yield(w) {
+				return
+			}
+		}
+		for _, q := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
+			for w := range q.All() {
+				if !yield(w) {
+					return
+				}
+			}
 		}
 	}
+}
+
+// untrackAll forgets every watch after they have all been ended, and
+// answers every progress waiter with err.
+func (d *dispatcher) untrackAll(err error) {
 	clear(d.watches)
+	clear(d.paused)
+	d.pending.Reset()
+	d.toCreate.Reset()
 	clear(d.cancelling)
 	d.progress.fail(err)
+}
+
+// endAll ends every watch and progress waiter with err, a failure no new
+// stream can cure; consumers still get what was buffered for them.
+func (d *dispatcher) endAll(err error) {
+	for w := range d.tracked() {
+		d.endWatch(w, err)
+	}
+	d.untrackAll(err)
 }
 
 // responseKind is what a response means, before looking at any watch.
@@ -445,110 +324,6 @@ func (d *dispatcher) handleResponse(resp *wireResponse) {
 	}
 }
 
-// handleCreated matches a created response to the oldest create in flight:
-// the server answers creates in request order, and a refused create carries
-// id -1, so order is the only reliable match.
-func (d *dispatcher) handleCreated(resp *wireResponse) {
-	w, ok := d.pending.Peek()
-	if !ok {
-		d.log.Warn("etcdwatch: created response without a create in flight", "id", resp.WatchID)
-		d.dropUnknown(resp.WatchID, !resp.Canceled)
-		return
-	}
-	if !d.idsTrusted && d.pending.Len() > 1 && (resp.Canceled || resp.WatchID != w.reqID) {
-		d.dropUnmatched(resp)
-		return
-	}
-	d.pending.Pop()
-	defer d.flushCreates()
-	if resp.Canceled {
-		d.handleRefused(w, classifyReason(resp.CancelReason))
-		return
-	}
-	id := resp.WatchID
-	if _, taken := d.watches[id]; taken || id < 0 {
-		d.log.Error("etcdwatch: server confirmed a watch with an unusable id", "id", id)
-		d.end(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id), kind: ErrServerCanceled}, false)
-		return
-	}
-	switch {
-	case id == w.reqID:
-		d.idsTrusted, d.slowStart = true, false
-	case !d.idsIgnored:
-		d.log.Info("etcdwatch: server picks its own watch ids; creating one watch at a time", "asked", w.reqID, "got", id)
-		d.idsIgnored, d.proxySeen = true, true
-		d.s.stats.idsRewritten.Store(true)
-	}
-	d.s.stats.created.Add(1)
-	if w.abandoned || w.probe {
-		d.sendCancel(id)
-		d.forget(w)
-		return
-	}
-	d.activate(w, id, resp.Header.Revision)
-}
-
-// dropUnmatched gives up a stream whose first answer to pipelined creates
-// cannot be matched for sure: an id the oldest create did not ask for (a
-// server that picks its own ids, and may answer out of order), or a refusal,
-// which carries no id. No create in flight is matched; all go again on a new
-// stream, one at a time until it echoes an id.
-func (d *dispatcher) dropUnmatched(resp *wireResponse) {
-	if resp.Canceled {
-		d.slowStart = true
-	} else {
-		d.proxySeen = true
-		d.s.stats.idsRewritten.Store(true)
-	}
-	d.log.Info("etcdwatch: cannot match the answers to pipelined creates; new stream, one create at a time",
-		"id", resp.WatchID, "refused", resp.Canceled, "in flight", d.pending.Len())
-	d.discard = true // until the loop sees the stream end and replaces it
-	d.sess.exit(errUnmatched)
-}
-
-// handleRefused ends a watch whose create the server refused. A stale auth
-// token is the one refusal a new stream can cure, since the connection's
-// credentials are attached afresh to each stream (a Dial connection
-// WithPassword has dropped the refused token by then, so the next stream
-// authenticates anew): the first time, the stream is replaced and the
-// watch tried again on the next one.
-func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
-	switch {
-	case w.abandoned || w.probe:
-		d.forget(w)
-	case errors.Is(err, ErrUnauthenticated) && !w.authRetried:
-		w.authRetried = true
-		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
-		d.toCreate.Push(w)
-		d.sess.exit(errStaleCredentials)
-	default:
-		d.log.Warn("etcdwatch: create refused; the watch ends", "watch", w.req.String(), "reason", err.Reason)
-		d.end(w, err, false)
-	}
-}
-
-// activate makes w the active watch for id.
-func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
-	w.id.Store(id)
-	w.state = stateActive
-	w.authRetried = false
-	if w.resuming {
-		w.resuming = false
-		d.s.stats.resumed.Add(1)
-	}
-	d.watches[id] = w
-	if w.fromNow {
-		// The server starts a "from now" watch just after the revision it
-		// reads before registering it, and reports the revision it reads
-		// after; a write in between makes them differ by one. Taking one
-		// less than the header can only admit that write, never skip it.
-		w.fromNow = false
-		w.rev = max(headerRev-1, 0)
-		w.delivered.Store(w.rev)
-	}
-	w.tellCreated(nil)
-}
-
 // handleCanceled ends the watch the server canceled, or settles a cancel of ours.
 func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	id := resp.WatchID
@@ -564,10 +339,10 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	delete(d.watches, id)
 	var err error = classifyReason(resp.CancelReason)
 	if resp.CompactRevision > 0 {
-		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.rev + 1}
+		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1}
 	}
 	d.log.Warn("etcdwatch: server ended the watch", "watch", w.req.String(), "id", id, "err", err)
-	d.end(w, err, false)
+	d.endWatch(w, err)
 }
 
 // handleEvents routes events, fragments and per-watch progress by watch id.
@@ -581,7 +356,8 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 		d.bookmark(w, resp.Header)
 		return
 	}
-	events, skipped := newerEvents(d.frags[w], resp.Events, w.rev)
+	e := &w.entry
+	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev)
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		d.frags[w] = events
@@ -592,9 +368,9 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 	if len(events) == 0 {
 		return
 	}
-	w.rev = events[len(events)-1].ModRevision
+	e.rev = events[len(events)-1].ModRevision
 	d.s.stats.events.Add(uint64(len(events)))
-	d.deliver(w, Response{Header: resp.Header, Events: events, Revision: w.rev})
+	d.deliver(w, Response{Header: resp.Header, Events: events, Revision: e.rev})
 }
 
 // dropUnknown drops a response for an id the stream does not know, and asks
@@ -610,12 +386,32 @@ func (d *dispatcher) dropUnknown(id int64, live bool) {
 	}
 }
 
+func (d *dispatcher) sendCancel(id int64) {
+	d.cancelling[id] = struct{}{}
+	d.outbox = append(d.outbox, wireRequest{kind: requestCancel, id: id})
+}
+
 // bookmark delivers a progress notification at the header's revision.
 func (d *dispatcher) bookmark(w *Watch, h Header) {
 	rev := h.Revision
-	if _, inside := d.frags[w]; rev < w.rev || inside {
+	e := &w.entry
+	if _, inside := d.frags[w]; rev < e.rev || inside {
 		return // behind the watch (a future start revision), or inside a fragmented revision
 	}
-	w.rev = rev
+	e.rev = rev
 	d.deliver(w, Response{Header: h, Revision: rev})
+}
+
+// handleCancel releases a watch its consumer has ended.
+func (d *dispatcher) handleCancel(w *Watch) {
+	switch w.entry.state {
+	case stateCreating: // in toCreate or pending
+		d.abandon(w)
+	case stateActive:
+		delete(d.watches, w.ID())
+		d.sendCancel(w.ID())
+		d.forget(w)
+	case statePaused: // its server-side watch is already canceled
+		d.forget(w)
+	}
 }

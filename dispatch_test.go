@@ -11,6 +11,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
 func TestKindOf(t *testing.T) {
@@ -107,7 +109,7 @@ func (f *fuzzServer) readOutbox() {
 	for { // resume commands from pumps
 		select {
 		case c := <-f.d.s.cmds:
-			f.d.handleCommand(c)
+			c.handle(f.d)
 		default:
 			return
 		}
@@ -263,7 +265,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		}
 		if arg%2 == 0 && len(f.watches) > 0 {
 			w := f.watches[int(arg/2)%len(f.watches)]
-			if w.end(ErrCanceled, true) {
+			if w.out.abort(ErrCanceled) {
 				f.d.handleCancel(w)
 			}
 			return
@@ -288,10 +290,10 @@ func (f *fuzzServer) step(op, arg byte) {
 // sent to, and a watch's revisions never go back. Seeds: testdata/fuzz.
 func FuzzDispatcher(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
-		s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
+		s := &Stream{opts: defaultOptions(), cmds: make(chan command, 64), closing: make(chan struct{}), done: make(chan struct{})}
 		s.opts.bufferLimit = 4
 		d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
-		d.sess = startSession(d.open)
+		d.sess = startSession(d.open, nil)
 		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
 		f.ctx, f.cancel = context.WithCancelCause(context.Background())
 		defer f.cancel(nil)
@@ -359,7 +361,7 @@ func TestBackoff(t *testing.T) {
 func TestStallRation(t *testing.T) {
 	const stallMax = 100 * time.Millisecond
 	s := stall{max: stallMax}
-	defer s.stop()
+	defer s.Stop()
 	w := &Watch{}
 	t0 := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
@@ -383,7 +385,7 @@ func TestStallRation(t *testing.T) {
 		{12 * time.Second, false, 12*time.Second + ms, 12*time.Second + 2*ms, true, 12*time.Second + sharedStall, stallMax - ms},     // cut short
 		{13 * time.Second, false, 13*time.Second + 5*ms, 13*time.Second + 5*ms, true, 13*time.Second + sharedStall, stallMax - 4*ms}, // past sharedStall: due at once
 	} {
-		if got := s.begin(w, at(step.begin), step.shared); got != step.wantBegun {
+		if got := s.begin(clock.Real, w, at(step.begin), step.shared); got != step.wantBegun {
 			t.Fatalf("stall at %v begun %v, want %v", step.begin, got, step.wantBegun)
 		}
 		if got := s.w; (got == w) != step.wantBegun {
@@ -393,12 +395,12 @@ func TestStallRation(t *testing.T) {
 			continue
 		}
 		if step.sharedAt > 0 {
-			s.share(at(step.sharedAt))
+			s.share(clock.Real, at(step.sharedAt))
 		}
 		if want := at(step.wantUntil); !s.until.Equal(want) {
 			t.Fatalf("stall at %v lasts until %v, want %v", step.begin, s.until.Sub(t0), step.wantUntil)
 		}
-		s.end(at(step.end))
+		s.release(at(step.end))
 		if s.budget != step.wantBudget {
 			t.Fatalf("after the stall at %v the budget is %v, want %v", step.begin, s.budget, step.wantBudget)
 		}
@@ -408,7 +410,7 @@ func TestStallRation(t *testing.T) {
 	}
 
 	never := stall{}
-	if never.begin(w, t0, false) || never.C != nil {
+	if never.begin(clock.Real, w, t0, false) || never.C != nil {
 		t.Fatal("a zero budget stalls")
 	}
 }
@@ -419,12 +421,12 @@ func TestStallRation(t *testing.T) {
 // stream a second time; both creates wait for the next stream, which sends
 // them one at a time.
 func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
-	s := &Stream{opts: defaultOptions(), cmds: make(chan any, 64), closing: make(chan struct{}), done: make(chan struct{})}
+	s := &Stream{opts: defaultOptions(), cmds: make(chan command, 64), closing: make(chan struct{}), done: make(chan struct{})}
 	d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
-	d.sess = startSession(d.open)
+	d.sess = startSession(d.open, nil)
 	ws := []*Watch{newWatch(s, Key("a")), newWatch(s, Key("b"))}
 	for _, w := range ws {
-		w.created = make(chan created, 2)
+		w.entry.created = make(chan created, 2)
 	}
 	d.handleCreate(ws, context.Background())
 	if d.pending.Len() != 2 {
@@ -433,9 +435,9 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	d.sess.recv <- wireResponse{WatchID: 0, Created: true} // a proxy's own id, for either create
 	d.sess.exit(io.EOF)
 	d.handleSessionEnd()
-	if d.toCreate.Len() != 2 || d.pending.Len() != 0 || !d.proxySeen || d.discard {
-		t.Fatalf("after the stream: %d to create, %d in flight, proxy seen %v, discarding %v; want 2, 0, true, false",
-			d.toCreate.Len(), d.pending.Len(), d.proxySeen, d.discard)
+	if d.toCreate.Len() != 2 || d.pending.Len() != 0 || d.pipeline.start != startProxied || d.discard {
+		t.Fatalf("after the stream: %d to create, %d in flight, next start %d, discarding %v; want 2, 0, %d, false",
+			d.toCreate.Len(), d.pending.Len(), d.pipeline.start, d.discard, startProxied)
 	}
 	close(s.closing)
 	d.shutdown()

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
 // Option configures a Stream. Options are applied in order over the
@@ -23,6 +25,8 @@ type options struct {
 	createTimeout                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
+	clock                         clock.Clock // the dispatcher's; a test's Fake
+	hooks                         *hooks      // a test's; nil otherwise
 }
 
 func defaultOptions() options {
@@ -37,6 +41,7 @@ func defaultOptions() options {
 		livenessIdle:    30 * time.Second,
 		livenessTimeout: 10 * time.Second,
 		logger:          slog.New(slog.DiscardHandler),
+		clock:           clock.Real,
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
 // progressWaiter is one RequestProgress call waiting for an answer.
@@ -26,12 +28,12 @@ type progressResult struct {
 // or the retry timer fires; and an answer below the highest revision the
 // stream had seen when a call began is too old for that call, which waits on.
 type progressState struct {
-	retry    time.Duration
-	waiting  []*progressWaiter // covered by the request in flight
-	next     []*progressWaiter // joined after that request was sent
-	held     []*progressWaiter // arrived before the servers' release was known
-	inFlight bool
-	timer    // runs while a request is in flight
+	retry           time.Duration
+	waiting         []*progressWaiter // covered by the request in flight
+	next            []*progressWaiter // joined after that request was sent
+	held            []*progressWaiter // arrived before the servers' release was known
+	inFlight        bool
+	clock.Stoppable // runs while a request is in flight
 }
 
 // waited reports whether a RequestProgress call waits for an answer.
@@ -82,7 +84,7 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		return
 	}
 	p.inFlight = false
-	p.stop()
+	p.Stop()
 }
 
 // handleProgressTimeout asks again for everyone still waiting.
@@ -111,7 +113,7 @@ func (d *dispatcher) sendProgress() {
 	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
 	p.inFlight = true
-	p.reset(p.retry)
+	p.Reset(d.clock, p.retry)
 }
 
 // suspend forgets the request in flight when its stream ends; the calls
@@ -120,7 +122,7 @@ func (p *progressState) suspend() {
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
 	p.inFlight = false
-	p.stop()
+	p.Stop()
 }
 
 // resendProgress asks the new stream for progress on behalf of waiting calls.
@@ -136,5 +138,5 @@ func (p *progressState) fail(err error) {
 		w.reply <- progressResult{err: err}
 	}
 	p.waiting, p.next, p.held, p.inFlight = nil, nil, nil, false
-	p.stop()
+	p.Stop()
 }

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/connectivity"
 
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
@@ -24,11 +25,11 @@ var (
 // connect opens a new session. Creates and progress requests queued while
 // disconnected go out as soon as its stream is open.
 func (d *dispatcher) connect() {
-	d.sess = startSession(d.open)
-	d.idsTrusted, d.idsIgnored = false, false // the new stream may reach another server
-	d.sessStart, d.sessOpen, d.sessHeard = time.Now(), false, false
-	d.live.arm()
-	d.hurry.arm()
+	d.sess = startSession(d.open, d.s.hooks)
+	d.pipeline.opened() // the new stream may reach another server
+	d.sessStart, d.sessOpen, d.sessHeard = d.clock.Now(), false, false
+	d.live.arm(d.clock)
+	d.hurry.arm(d.clock)
 	d.flushCreates()
 	d.resendProgress()
 }
@@ -40,7 +41,7 @@ func (d *dispatcher) handleSessionEnd() {
 	err := d.sess.err
 	for len(d.sess.recv) > 0 && d.reading() { // what arrived before the end still counts
 		resp := <-d.sess.recv
-		d.handleResponse(&resp)
+		d.take(&resp)
 	}
 	if w := d.stall.w; w != nil {
 		d.pause(w) // its server-side watch is gone; it is re-created once its consumer catches up
@@ -48,27 +49,28 @@ func (d *dispatcher) handleSessionEnd() {
 	d.sess.close()
 	d.sess = nil
 	d.discard = false
-	d.live.stop()
-	d.s.state.ended(err, d.sessOpen, time.Now())
+	d.live.Stop()
+	now := d.clock.Now()
+	d.s.state.ended(err, d.sessOpen, now)
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.outbox = nil
-		d.endAll(d.failed, false)
+		d.endAll(d.failed)
 		return
 	}
 	end := streamEnd{
-		worked:   d.sessHeard || time.Since(d.sessStart) >= healthyPeriod,
+		worked:   d.sessHeard || now.Sub(d.sessStart) >= healthyPeriod,
 		noLeader: rpcerr.NoLeader(err),
 	}
 	if end.worked {
-		d.downSince = time.Now()
+		d.downSince = now
 	}
-	delay := d.backoff.next(time.Now(), end)
+	delay := d.backoff.next(now, end)
 	d.s.stats.reconnects.Add(1)
 	d.logStreamEnd(err, end, delay)
 	d.requeueAll()
-	d.retry.reset(delay)
+	d.retry.Reset(d.clock, delay)
 }
 
 // retryable reports whether a new stream may succeed where this one ended
@@ -94,15 +96,15 @@ func (d *dispatcher) requeueAll() {
 	var q ring.Ring[*Watch]
 	for _, from := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
 		for w, ok := from.Pop(); ok; w, ok = from.Pop() {
-			if w.probe {
+			if w.entry.probe {
 				continue // it spoke for the old stream
 			}
 			q.Push(w)
 		}
 	}
 	for _, w := range d.watches {
-		w.state = stateCreating
-		w.resuming = true // counted as resumed once the new stream confirms it
+		w.entry.state = stateCreating
+		w.entry.moving = true // counted as moved once the new stream confirms it
 		q.Push(w)
 	}
 	clear(d.watches)
@@ -119,12 +121,12 @@ func (d *dispatcher) handleLivenessTick() {
 	switch {
 	case l.heard:
 		l.heard, l.probing = false, false
-		l.timer.reset(l.idle)
+		l.Reset(d.clock, l.idle)
 	case !l.probing:
 		l.probing = true
 		d.log.Debug("etcdwatch: stream quiet; probing")
 		d.sendProbe()
-		l.timer.reset(l.timeout)
+		l.Reset(d.clock, l.timeout)
 	default:
 		d.log.Warn("etcdwatch: watch stream silent; reconnecting", "timeout", l.timeout)
 		d.sess.exit(errSilent)
@@ -138,7 +140,7 @@ var probeKey = []byte("\x00etcdwatch-liveness-probe")
 // which etcd 3.6+ leaves unanswered while any watch catches up or starts in
 // the future, a create is always answered, refused or not.
 func (d *dispatcher) sendProbe() {
-	d.toCreate.Push(&Watch{stream: d.s, req: Request{Key: probeKey}, probe: true})
+	d.toCreate.Push(&Watch{stream: d.s, req: Request{Key: probeKey}, entry: entry{probe: true}})
 	d.flushCreates()
 }
 
@@ -146,11 +148,11 @@ func (d *dispatcher) sendProbe() {
 // streams that failed, says so once, with how long the watches were down.
 func (d *dispatcher) streamWorks() {
 	d.sessHeard = true
-	d.hurry.stop()
+	d.hurry.Stop()
 	if d.downSince.IsZero() {
 		return
 	}
-	d.log.Info("etcdwatch: watch stream back", "down", time.Since(d.downSince), "watches", d.s.stats.watches.Load())
+	d.log.Info("etcdwatch: watch stream back", "down", d.clock.Now().Sub(d.downSince), "watches", d.s.stats.watches.Load())
 	d.downSince = time.Time{}
 }
 
@@ -241,7 +243,7 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 type connHurry struct {
 	conn     resettableConn // nil: the connection cannot be hurried, or WithConnectRetry(0)
 	interval time.Duration
-	timer
+	clock.Stoppable
 }
 
 func newConnHurry(conn any, interval time.Duration) connHurry {
@@ -259,9 +261,9 @@ type resettableConn interface {
 }
 
 // arm starts watching the connection for a new stream.
-func (h *connHurry) arm() {
+func (h *connHurry) arm(c clock.Clock) {
 	if h.conn != nil {
-		h.timer.reset(h.interval)
+		h.Reset(c, h.interval)
 	}
 }
 
@@ -270,50 +272,27 @@ func (h *connHurry) arm() {
 func (d *dispatcher) handleHurryTick() {
 	h := &d.hurry
 	if d.sess == nil || d.sessHeard {
-		h.stop()
+		h.Stop()
 		return
 	}
 	if h.conn.GetState() == connectivity.TransientFailure {
 		d.log.Debug("etcdwatch: connection in transient failure; reconnecting now")
 		h.conn.ResetConnectBackoff()
 	}
-	h.timer.reset(h.interval)
+	h.Reset(d.clock, h.interval)
 }
 
 // liveness tracks whether the stream has said anything lately.
 type liveness struct {
 	idle, timeout time.Duration // idle 0 disables the checks
-	timer
+	clock.Stoppable
 	heard   bool // a response arrived since the last tick
 	probing bool // a probe is out and the timeout runs
 }
 
-func (l *liveness) arm() {
+func (l *liveness) arm(c clock.Clock) {
 	l.heard, l.probing = false, false
 	if l.idle > 0 {
-		l.timer.reset(l.idle)
+		l.Reset(c, l.idle)
 	}
-}
-
-// timer is a reusable timer whose channel C is nil while it is stopped, so
-// that a select on it does nothing.
-type timer struct {
-	t *time.Timer
-	C <-chan time.Time
-}
-
-func (t *timer) reset(d time.Duration) {
-	if t.t == nil {
-		t.t = time.NewTimer(d)
-	} else {
-		t.t.Reset(d)
-	}
-	t.C = t.t.C
-}
-
-func (t *timer) stop() {
-	if t.t != nil {
-		t.t.Stop()
-	}
-	t.C = nil
 }

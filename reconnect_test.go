@@ -69,7 +69,7 @@ func TestResumeFromNextRevision(t *testing.T) {
 	require.Equal(t, c["quiet"].WatchId, quiet.ID())
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Reconnects)
-	require.Equal(t, uint64(3), st.Resumed)
+	require.Equal(t, uint64(3), st.Moved)
 	require.Equal(t, uint64(1), st.DuplicatesDropped)
 	require.Nil(t, events.Err())
 }
@@ -386,18 +386,18 @@ func TestAbandonedCreatesAreNotSent(t *testing.T) {
 	require.Equal(t, int64(1), s.Stats().Watches)
 }
 
-// TestResumedCountsConfirmedWatches: Stats.Resumed counts a watch re-created
+// TestMovedCountsConfirmedWatches: Stats.Moved counts a watch re-created
 // after a reconnect once the new stream confirms it, not when it is queued.
-func TestResumedCountsConfirmedWatches(t *testing.T) {
+func TestMovedCountsConfirmedWatches(t *testing.T) {
 	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.cut()
 	c := h.srv.RecvCreate(t)
-	require.Zero(t, h.s.Stats().Resumed, "counted before the server confirmed it")
+	require.Zero(t, h.s.Stats().Moved, "counted before the server confirmed it")
 	h.srv.Send(t, ws.Created(c.WatchId, 2))
 	h.srv.Send(t, ws.Events(c.WatchId, 2, ws.Put("a", "v", 2)))
 	require.Equal(t, int64(2), next(t, w).Revision)
-	require.Equal(t, uint64(1), h.s.Stats().Resumed)
+	require.Equal(t, uint64(1), h.s.Stats().Moved)
 }
 
 // TestProgressOffWhereItRunsAhead: on an etcd whose progress answers can

@@ -101,6 +101,7 @@ type session struct {
 	err    error              // why the session ended; read after dead is closed
 	ahead  atomic.Int64       // bytes of the big messages in recv
 	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
+	hooks  *hooks             // a test's; nil otherwise
 	once   sync.Once
 	wg     sync.WaitGroup // recvLoop and sendLoop
 }
@@ -122,7 +123,7 @@ const (
 	bigMessage     = 64 << 10
 )
 
-func startSession(open opener) *session {
+func startSession(open opener, h *hooks) *session {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s := &session{
 		ctx:    ctx,
@@ -132,6 +133,7 @@ func startSession(open opener) *session {
 		opened: make(chan struct{}),
 		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
+		hooks:  h,
 	}
 	s.wg.Add(1)
 	go func() { // exits when the stream fails or ctx ends; waited for in close
@@ -194,11 +196,13 @@ func (s *session) recvLoop(open opener) error {
 func (s *session) hand(resp wireResponse) error {
 	select {
 	case s.recv <- resp: // room, or the dispatcher waiting: no select over ctx needed
+		s.hooks.received()
 		return nil
 	default:
 	}
 	select {
 	case s.recv <- resp:
+		s.hooks.received()
 		return nil
 	case <-s.ctx.Done():
 		return context.Cause(s.ctx)

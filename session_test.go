@@ -35,28 +35,32 @@ func TestReadAheadIsBoundedInBytes(t *testing.T) {
 	const size = 1 << 20
 	b := &bigStream{t: t, size: size}
 	opened := make(chan struct{})
+	handed := make(chan struct{}, readAhead+1)
 	s := startSession(func(context.Context) (wireStream, error) {
 		<-opened // b.s is set first
 		return b, nil
-	})
+	}, &hooks{onReceived: func() { handed <- struct{}{} }})
 	b.s = s
 	close(opened)
 	defer s.close()
 	deadline := time.After(10 * time.Second)
-	waitFor := func(recvs int64) {
+	waitHanded := func(n int) {
 		t.Helper()
-		for b.recvs.Load() < recvs {
+		for range n {
 			select {
+			case <-handed:
 			case <-deadline:
-				t.Fatalf("%d Recvs, want %d", b.recvs.Load(), recvs)
-			case <-time.After(time.Millisecond):
+				t.Fatalf("the session handed over fewer than %d more messages", n)
 			}
 		}
 	}
-	waitFor(readAheadBytes / size)
+	waitHanded(readAheadBytes / size)
+	if got := b.recvs.Load(); got != readAheadBytes/size {
+		t.Fatalf("%d Recvs with %d big messages waiting, want %[2]d", got, readAheadBytes/size)
+	}
 	resp := <-s.recv
 	s.took(resp.size)
-	waitFor(readAheadBytes/size + 1)
+	waitHanded(1)
 	if n := len(s.recv); n > readAheadBytes/size {
 		t.Fatalf("%d big messages waiting, want at most %d", n, readAheadBytes/size)
 	}

@@ -21,7 +21,7 @@ type Stats struct {
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended
-	Resumed           uint64 // watches re-created on a new stream after a reconnect, once it confirmed them
+	Moved             uint64 // watches re-created on a new stream after the last one ended, once it confirmed them
 	Revision          int64  // the highest revision in a response header so far: how far the store is known to be
 	// LastMessage is when the last response, or the burst of responses
 	// read together with it, arrived; zero before the first.
@@ -35,7 +35,7 @@ type counters struct {
 	pauses, resumes              atomic.Uint64
 	responses, events, fragments atomic.Uint64
 	duplicates, unknown          atomic.Uint64
-	reconnects, resumed          atomic.Uint64
+	reconnects, moved            atomic.Uint64
 	lastMessage                  atomic.Int64 // UnixNano
 	revision                     atomic.Int64 // the highest header revision seen
 	idsRewritten                 atomic.Bool
@@ -56,7 +56,7 @@ func (c *counters) snapshot() Stats {
 		UnknownResponses:  c.unknown.Load(),
 		IDsRewritten:      c.idsRewritten.Load(),
 		Reconnects:        c.reconnects.Load(),
-		Resumed:           c.resumed.Load(),
+		Moved:             c.moved.Load(),
 		Revision:          c.revision.Load(),
 	}
 	if ns := c.lastMessage.Load(); ns != 0 {

@@ -22,7 +22,7 @@ type Stream struct {
 	conn    grpc.ClientConnInterface
 	opts    options
 	limit   bufferLimit   // of every watch, from opts
-	cmds    chan any      // typed commands to the dispatcher
+	cmds    chan command  // to the dispatcher
 	closing chan struct{} // closed by Close
 	done    chan struct{} // closed when the dispatcher has exited, after Close
 	once    sync.Once
@@ -30,6 +30,7 @@ type Stream struct {
 	probe   sync.WaitGroup          // the probeRelease goroutine
 	base    context.Context         // ends at Close, with ErrClosed: the probe's and the views' contexts derive from it
 	stop    context.CancelCauseFunc // ends base; called by Close
+	hooks   *hooks // a test's; nil otherwise
 	stats   counters
 	state   stateBox
 	views   viewRegistry // the views' shared states
@@ -54,11 +55,12 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		conn:    conn,
 		opts:    o,
 		limit:   bufferLimit{events: o.bufferLimit, bytes: o.bufferBytes},
-		cmds:    make(chan any, 64),
+		cmds:    make(chan command, 64),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
+		hooks:   o.hooks,
 	}
-	s.state.st.Since = time.Now() // before the dispatcher starts
+	s.state.st.Since = o.clock.Now() // before the dispatcher starts
 	open := grpcOpener(conn, o.callOptions, s.connectionFailed)
 	if o.requireLeader {
 		open = requireLeader(open)
@@ -156,7 +158,7 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 	ws := make([]*Watch, len(rs))
 	for i, r := range rs {
 		ws[i] = newWatch(s, r.clone())
-		ws[i].created = created // the dispatcher's from here on
+		ws[i].entry.created = created // the dispatcher's from here on
 	}
 	if !s.command(createCmd{ws, ctx}) {
 		return nil, -1, ErrClosed
@@ -177,12 +179,12 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 func (s *Stream) cancelAll(ws []*Watch, err error) {
 	var ended []*Watch
 	for _, w := range ws {
-		if w.end(err, true) {
+		if w.out.abort(err) {
 			ended = append(ended, w)
 		}
 	}
 	if len(ended) > 0 {
-		s.command(cancelsCmd{ended})
+		s.command(cancelCmd{ended})
 	}
 	for _, w := range ws {
 		<-w.Done()
@@ -195,9 +197,9 @@ func (s *Stream) cancelAll(ws []*Watch, err error) {
 func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int) (*Watch, error) {
 	var timeout <-chan time.Time
 	if d := s.opts.createTimeout; d > 0 {
-		t := time.NewTimer(d)
+		t := s.opts.clock.NewTimer(d)
 		defer t.Stop()
-		timeout = t.C
+		timeout = t.C()
 	}
 	for range n {
 		select {
@@ -259,7 +261,7 @@ func (s *Stream) State() State { return s.state.get() }
 // Debug after. Called by the goroutine opening the stream.
 func (s *Stream) connectionFailed(err error) {
 	level := slog.LevelDebug
-	if s.state.failed(err, time.Now()) {
+	if s.state.failed(err, s.opts.clock.Now()) {
 		level = slog.LevelWarn
 	}
 	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
@@ -281,13 +283,14 @@ func (s *Stream) Close() error {
 	return nil
 }
 
-// command hands c to the dispatcher. It reports false once the Stream is
-// closed.
-func (s *Stream) command(c any) bool {
+// command hands c to the dispatcher. Once the Stream is closed it refuses
+// c with ErrClosed instead, and reports false.
+func (s *Stream) command(c command) bool {
 	select {
 	case s.cmds <- c:
 		return true
 	case <-s.done:
+		c.refuse(ErrClosed)
 		return false
 	}
 }

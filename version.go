@@ -34,13 +34,6 @@ func (r serverRelease) progressRunsAhead() bool {
 	return r.minor == 4 && r.patch <= 24 || r.minor == 5 && r.patch <= 7
 }
 
-// versionCmd tells the dispatcher the release of the cluster's members, or
-// that it will not be known (ok false).
-type versionCmd struct {
-	release serverRelease
-	ok      bool
-}
-
 // probeAttempts bounds how often probeRelease asks before it gives up.
 const probeAttempts = 10
 
@@ -70,7 +63,7 @@ func (s *Stream) askRelease(ctx context.Context) (serverRelease, bool) {
 			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err)
 			return serverRelease{}, false
 		}
-		if attempt == probeAttempts || clock.Sleep(ctx, clock.Real, time.Duration(attempt)*time.Second) != nil {
+		if attempt == probeAttempts || clock.Sleep(ctx, s.opts.clock, time.Duration(attempt)*time.Second) != nil {
 			s.opts.logger.Debug("etcdwatch: server release unknown", "err", err, "attempts", attempt)
 			return serverRelease{}, false
 		}

@@ -24,7 +24,7 @@
 //	etcdwatch_duplicates_dropped_total        counter  Stats.DuplicatesDropped: events at or below a watch's revision, dropped
 //	etcdwatch_unknown_responses_total         counter  Stats.UnknownResponses: responses for watch ids the stream did not know
 //	etcdwatch_reconnects_total                counter  Stats.Reconnects: gRPC streams replaced after they ended
-//	etcdwatch_watches_resumed_total           counter  Stats.Resumed: watches re-created on a new stream after a reconnect
+//	etcdwatch_watches_moved_total             counter  Stats.Moved: watches re-created on a new stream after a reconnect
 //	etcdwatch_ids_rewritten                   gauge    Stats.IDsRewritten: 1 if the server chose its own watch ids (a gRPC proxy)
 //	etcdwatch_last_message_timestamp_seconds  gauge    Stats.LastMessage, Unix time; absent before the first response
 //	etcdwatch_connected                       gauge    State.Connected: 1 while a Watch stream is open
@@ -66,7 +66,7 @@ type Collector struct {
 	watches, paused                          *prometheus.Desc
 	creates, stalls, pauses, resumes         *prometheus.Desc
 	responses, events, fragments             *prometheus.Desc
-	duplicates, unknown, reconnects, resumed *prometheus.Desc
+	duplicates, unknown, reconnects, moved *prometheus.Desc
 	idsRewritten, lastMessage                *prometheus.Desc
 	connected, stateSince, lastErrorAt       *prometheus.Desc
 }
@@ -98,7 +98,7 @@ func New(name string, src Source) *Collector {
 		duplicates:   desc("duplicates_dropped_total", "Events at or below a watch's revision that were dropped."),
 		unknown:      desc("unknown_responses_total", "Responses for watch ids the stream did not know."),
 		reconnects:   desc("reconnects_total", "gRPC Watch streams replaced after they ended."),
-		resumed:      desc("watches_resumed_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
+		moved:      desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
 		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
 		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
 		connected:    desc("connected", "1 while a Watch stream is open, else 0."),
@@ -113,7 +113,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.watches, c.paused,
 		c.creates, c.stalls, c.pauses, c.resumes,
 		c.responses, c.events, c.fragments,
-		c.duplicates, c.unknown, c.reconnects, c.resumed,
+		c.duplicates, c.unknown, c.reconnects, c.moved,
 		c.idsRewritten, c.lastMessage,
 		c.connected, c.stateSince, c.lastErrorAt,
 	} {
@@ -145,7 +145,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.duplicates, st.DuplicatesDropped)
 	counter(c.unknown, st.UnknownResponses)
 	counter(c.reconnects, st.Reconnects)
-	counter(c.resumed, st.Resumed)
+	counter(c.moved, st.Moved)
 	gauge(c.idsRewritten, boolValue(st.IDsRewritten))
 	if !st.LastMessage.IsZero() {
 		gauge(c.lastMessage, unixSeconds(st.LastMessage))

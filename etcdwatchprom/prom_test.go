@@ -39,7 +39,7 @@ func TestEveryField(t *testing.T) {
 		stats: etcdwatch.Stats{
 			Watches: 7, Paused: 2, Created: 9, Stalls: 3, Pauses: 4, Resumes: 5,
 			Responses: 100, Events: 250, Fragments: 6, DuplicatesDropped: 8,
-			UnknownResponses: 10, IDsRewritten: true, Reconnects: 11, Resumed: 12,
+			UnknownResponses: 10, IDsRewritten: true, Reconnects: 11, Moved: 12,
 			LastMessage: time.Unix(1700000000, 500_000_000),
 		},
 		state: etcdwatch.State{
@@ -99,9 +99,9 @@ etcdwatch_unknown_responses_total{stream="s"} 10
 # HELP etcdwatch_watches Watches running now: creating, active or paused.
 # TYPE etcdwatch_watches gauge
 etcdwatch_watches{stream="s"} 7
-# HELP etcdwatch_watches_resumed_total Watches re-created on a new stream after a reconnect, once it confirmed them.
-# TYPE etcdwatch_watches_resumed_total counter
-etcdwatch_watches_resumed_total{stream="s"} 12
+# HELP etcdwatch_watches_moved_total Watches re-created on a new stream after a reconnect, once it confirmed them.
+# TYPE etcdwatch_watches_moved_total counter
+etcdwatch_watches_moved_total{stream="s"} 12
 `
 	c := etcdwatchprom.New("s", src)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want)))
@@ -230,7 +230,7 @@ etcdwatch_creates_total{stream="main"} 1
 	read(1)
 	require.Equal(t, 4.0, value("etcdwatch_events_total"))
 	require.GreaterOrEqual(t, value("etcdwatch_reconnects_total"), 1.0)
-	require.GreaterOrEqual(t, value("etcdwatch_watches_resumed_total"), 1.0)
+	require.GreaterOrEqual(t, value("etcdwatch_watches_moved_total"), 1.0)
 	require.GreaterOrEqual(t, value("etcdwatch_creates_total"), 2.0)
 	require.GreaterOrEqual(t, value("etcdwatch_last_error_timestamp_seconds"), float64(start.Unix()))
 	require.Equal(t, 1.0, value("etcdwatch_connected"))

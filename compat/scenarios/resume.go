@@ -97,5 +97,5 @@ func resumeAfterCut(t *testing.T, e *Env) {
 	st := s.Stats()
 	check(t, st.Reconnects >= cuts, "%d reconnects after %d cuts", st.Reconnects, cuts)
 	t.Logf("%d cuts: %d reconnects, %d watches resumed, %d duplicates dropped; %d writes checked on %d watches",
-		cuts, st.Reconnects, st.Resumed, st.DuplicatesDropped, len(writes), len(recs))
+		cuts, st.Reconnects, st.Moved, st.DuplicatesDropped, len(writes), len(recs))
 }

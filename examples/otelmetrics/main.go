@@ -72,7 +72,7 @@ func register(meter metric.Meter, name string, s *etcdwatch.Stream) (metric.Regi
 	addCounter("duplicates_dropped", "{event}", "Events at or below a watch's revision that were dropped.", func(st etcdwatch.Stats) uint64 { return st.DuplicatesDropped })
 	addCounter("unknown_responses", "{response}", "Responses for watch ids the stream did not know.", func(st etcdwatch.Stats) uint64 { return st.UnknownResponses })
 	addCounter("reconnects", "{stream}", "gRPC Watch streams replaced after they ended.", func(st etcdwatch.Stats) uint64 { return st.Reconnects })
-	addCounter("watches_resumed", "{watch}", "Watches re-created on a new stream after a reconnect.", func(st etcdwatch.Stats) uint64 { return st.Resumed })
+	addCounter("watches_moved", "{watch}", "Watches re-created on a new stream after a reconnect.", func(st etcdwatch.Stats) uint64 { return st.Moved })
 
 	watches, err := meter.Int64ObservableUpDownCounter("etcdwatch.watches", metric.WithUnit("{watch}"),
 		metric.WithDescription("Watches running now: creating, active or paused."))

@@ -115,7 +115,7 @@ func TestValuesMove(t *testing.T) {
 	v = values()
 	require.Equal(t, 4.0, v["etcdwatch.events{stream=busy}"])
 	require.GreaterOrEqual(t, v["etcdwatch.reconnects{stream=busy}"], 1.0)
-	require.GreaterOrEqual(t, v["etcdwatch.watches_resumed{stream=busy}"], 1.0)
+	require.GreaterOrEqual(t, v["etcdwatch.watches_moved{stream=busy}"], 1.0)
 	require.GreaterOrEqual(t, v["etcdwatch.last_error_timestamp{stream=busy}"], float64(start.Unix()))
 	require.Equal(t, 0.0, v["etcdwatch.reconnects{stream=idle}"])
 }

@@ -201,7 +201,7 @@ func TestTokenExpiryOverTLS(t *testing.T) {
 	st := s.Stats()
 	require.GreaterOrEqual(t, st.Reconnects, uint64(expiries))
 	t.Logf("TLS, 3 members, token TTL %ds: %d watches through %d expiries (%d tokens, %d of them after etcd refused a fresh one), %d transactions, %d events checked; reconnects %d, resumed %d; lost 0, duplicated 0",
-		tokenTTL, len(recs), expiries, authenticated.ok.Load(), extra, w.txns, events, st.Reconnects, st.Resumed)
+		tokenTTL, len(recs), expiries, authenticated.ok.Load(), extra, w.txns, events, st.Reconnects, st.Moved)
 }
 
 // TestPermissionDeniedEndsOnlyItsWatch: a watch on a prefix the user may

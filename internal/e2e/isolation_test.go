@@ -91,7 +91,7 @@ func TestCutSeries(t *testing.T) {
 	st := s.Stats()
 	require.GreaterOrEqual(t, st.Reconnects, uint64(cuts))
 	t.Logf("%d cuts in %v (not asserted), %d transactions, %d events checked over %d watches; reconnects %d, resumed %d, duplicates dropped %d",
-		cuts, took, w.txns, events, len(recs), st.Reconnects, st.Resumed, st.DuplicatesDropped)
+		cuts, took, w.txns, events, len(recs), st.Reconnects, st.Moved, st.DuplicatesDropped)
 }
 
 // TestQuorumLossUnderRequireLeader: a require-leader stream on one member of
@@ -141,7 +141,7 @@ func TestQuorumLossUnderRequireLeader(t *testing.T) {
 	canceledOnly(t, recs)
 	st := s.Stats()
 	t.Logf("quorum lost and regained; %d transactions, %d events checked over %d watches; reconnects %d, resumed %d, duplicates dropped %d",
-		w.txns, events, len(recs), st.Reconnects, st.Resumed, st.DuplicatesDropped)
+		w.txns, events, len(recs), st.Reconnects, st.Moved, st.DuplicatesDropped)
 }
 
 // TestStoppedNeighbour: two watches on one stream see the same events; one

@@ -1,0 +1,252 @@
+package etcdwatch
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/etcdwatch/etcdwatch/internal/ring"
+)
+
+// delivery is a watch's consumer side: the channel the consumer reads, and
+// the backlog waiting for a consumer that is behind. The dispatcher pushes
+// into it; the pump goroutine (while there is a backlog) and the consumer
+// take from it; Cancel ends it. They share the fields under mu; ch,
+// delivered and over are read without it.
+type delivery struct {
+	ch        chan Response // Responses(); closed exactly once, by closeOut
+	delivered atomic.Int64  // Revision(); written by whoever hands a Response over
+	err       error         // why the watch ended; written before over is set
+	over      atomic.Bool   // ch is closed (or about to be): Err may read err
+
+	mu      sync.Mutex
+	pumping bool          // a pump goroutine is running and owns sends on ch
+	behind  bool          // the backlog reached the limit: the pump reports when it is down to half
+	ended   bool          // no more pushes are taken
+	dropped bool          // the backlog was thrown away
+	backlog *backlog      // nil until the consumer first falls behind
+	done    chan struct{} // Done(); made on first call, closed by closeOut
+}
+
+// backlog holds responses for a consumer that is behind, for the pump to
+// deliver. A watch makes it when a response first finds its consumer busy,
+// and keeps it, with a small buffer, for the next burst. Guarded by the
+// delivery's mu.
+type backlog struct {
+	queue  ring.Ring[Response]
+	queued load          // what is queued or held by the pump, against the buffer limit
+	stop   chan struct{} // closed, once, to make the running pump give up for good
+}
+
+// keptQueue is the largest queue buffer a watch keeps once drained.
+const keptQueue = 4
+
+// closed is a closed channel, Done's answer once a watch without one has ended.
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (o *delivery) init(rev int64) {
+	o.ch = make(chan Response)
+	o.delivered.Store(rev)
+}
+
+func (o *delivery) doneChan() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.done == nil {
+		if o.over.Load() {
+			return closed
+		}
+		o.done = make(chan struct{}) // made on demand: an idle watch need not carry it
+	}
+	return o.done
+}
+
+func (o *delivery) errIfOver() error {
+	if o.over.Load() {
+		return o.err
+	}
+	return nil
+}
+
+// joinable reports whether the events of r may join queued response q: both
+// carry events, few enough together. A Response holds whole revisions in
+// order, and so does the joined one.
+func joinable(q, r Response) bool {
+	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= JoinLimit
+}
+
+// push hands r to the consumer without ever blocking: straight to a waiting
+// reader when nothing is queued, otherwise into the backlog, which the
+// caller must then have a pump deliver (start). behind reports that the
+// backlog has just reached limit: the caller must stall for the consumer or
+// pause the watch.
+func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ended {
+		return false, false
+	}
+	if !o.pumping {
+		select {
+		case o.ch <- r:
+			o.delivered.Store(r.Revision)
+			return false, false
+		default:
+		}
+	}
+	b := o.backlog
+	if b == nil {
+		b = &backlog{stop: make(chan struct{})}
+		o.backlog = b
+	}
+	switch last := b.queue.Last(); {
+	case last != nil && r.IsProgress() && last.IsProgress():
+		*last = r // a newer bookmark supersedes a queued one
+		return false, false
+	case last != nil && joinable(*last, r):
+		last.Events = append(last.Events, r.Events...)
+		last.Header, last.Revision = r.Header, r.Revision
+	default:
+		b.queue.Push(r)
+	}
+	b.queued.add(weigh(r))
+	start = !o.pumping
+	o.pumping = true
+	if limit.full(b.queued) && !o.behind {
+		o.behind = true
+		behind = true
+	}
+	return start, behind
+}
+
+// next accounts for what the consumer has just taken (took, as weighed;
+// nothing at first) and returns the head of the backlog for the pump,
+// which stays counted against the limit until the consumer takes it.
+// caughtUp reports that a backlog that was behind has fallen to half the
+// limit. When the backlog is empty it ends the pump's run, releasing the
+// buffer and closing the channel if the watch has ended, and reports !ok.
+func (o *delivery) next(took load, limit bufferLimit) (r Response, ok, caughtUp bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	b := o.backlog // made before the pump started
+	b.queued.sub(took)
+	if o.behind && limit.caughtUp(b.queued) {
+		o.behind = false
+		caughtUp = true
+	}
+	r, ok = b.queue.Pop()
+	if !ok {
+		o.pumping = false
+		if b.queue.Cap() > keptQueue {
+			b.queue.Reset() // a large backlog's buffer goes; a small one stays for the next burst
+		}
+		if o.ended {
+			o.closeOut()
+		}
+	}
+	return r, ok, caughtUp
+}
+
+// giveUp ends the pump's run without delivering the backlog, closing the
+// channel if the watch has ended (else finish or abort will).
+func (o *delivery) giveUp() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.backlog.queue.Reset()
+	o.backlog.queued = load{}
+	o.pumping = false
+	if o.ended {
+		o.closeOut()
+	}
+}
+
+// finish ends the watch with err once the consumer has taken its backlog:
+// the channel closes now if no pump runs, else when the pump has delivered
+// the rest. It reports whether this call ended the watch.
+func (o *delivery) finish(err error) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.endLocked(err)
+}
+
+// abort ends the watch with err at once: the backlog is dropped and nothing
+// more is delivered. It reports whether this call ended the watch.
+func (o *delivery) abort(err error) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if b := o.backlog; !o.dropped && b != nil {
+		o.dropped = true
+		b.queue.Reset()
+		b.queued = load{}
+		if o.pumping {
+			close(b.stop)
+		}
+	}
+	return o.endLocked(err)
+}
+
+func (o *delivery) endLocked(err error) bool {
+	if o.ended {
+		return false
+	}
+	o.ended = true
+	o.err = err
+	if !o.pumping {
+		o.closeOut()
+	}
+	return true
+}
+
+// closeOut closes the consumer's channels. Called with mu held, exactly once:
+// by finish or abort when no pump runs, otherwise by the pump as it
+// finishes. over goes first, so that a consumer who sees the channel closed
+// finds Err set.
+func (o *delivery) closeOut() {
+	o.over.Store(true)
+	if o.done != nil {
+		close(o.done)
+	}
+	close(o.ch)
+}
+
+// pump feeds w's backlog to its consumer, blocking as long as the consumer
+// takes, until the backlog is empty, the watch is aborted or the Stream is
+// closing. When a backlog that was behind falls to half the limit it asks
+// the dispatcher to resume the watch (or end its stall).
+func (w *Watch) pump(stop chan struct{}) {
+	s := w.stream
+	defer s.pumps.Done()
+	r, ok, _ := w.out.next(load{}, s.limit)
+	for ok {
+		took := weigh(r) // before the consumer, who owns r, can change it
+		if !w.out.offer(r, stop, s.closing) {
+			w.out.giveUp()
+			return
+		}
+		w.out.delivered.Store(r.Revision)
+		var caughtUp bool
+		r, ok, caughtUp = w.out.next(took, s.limit)
+		if caughtUp {
+			s.command(resumeCmd{w})
+		}
+		s.hooks.took()
+	}
+}
+
+// offer blocks until the consumer takes r, and reports false if stop or
+// closing comes first. A consumer already waiting takes r without the cost
+// of a select over all three.
+func (o *delivery) offer(r Response, stop, closing chan struct{}) bool {
+	select {
+	case o.ch <- r:
+		return true
+	default:
+	}
+	select {
+	case o.ch <- r:
+		return true
+	case <-stop:
+		return false
+	case <-closing:
+		return false
+	}
+}

@@ -1,0 +1,57 @@
+package etcdwatch
+
+// watchState is where a watch is in its life, as the dispatcher sees it.
+type watchState uint8
+
+const (
+	stateCreating  watchState = iota // create queued or sent, no created response yet
+	stateAbandoned                   // ended by its consumer while its create was queued or in flight: canceled on the server once confirmed
+	stateActive                      // confirmed by the server; events flow
+	statePaused                      // its consumer is behind: server-side watch canceled until the consumer catches up
+	stateDone                        // ended; the dispatcher has forgotten it
+)
+
+// entry is what the dispatcher keeps of a watch. Only the dispatcher's
+// goroutine touches it, so nothing in it is locked.
+type entry struct {
+	state       watchState
+	fromNow     bool           // created with Revision 0 and not yet confirmed
+	probe       bool           // a liveness probe, not a user's watch: it has no consumer
+	authRetried bool           // refused for its credentials once; refused again, it ends
+	moving      bool           // re-created on a new stream after the last one ended, not yet confirmed
+	created     chan<- created // to Stream.open, the first create's outcome; nil once told
+	group       *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
+	reqID       int64          // id asked for in the create in flight
+	rev         int64          // every event <= rev has been queued for the consumer
+}
+
+func (e *entry) init(r Request) {
+	e.fromNow = r.Revision == 0
+	e.rev = max(r.Revision-1, 0)
+}
+
+// start is the revision a create for the watch asks for: the one after
+// what it has delivered, or 0 ("from now") before its first confirmation.
+func (e *entry) start() int64 {
+	if e.fromNow {
+		return 0
+	}
+	return e.rev + 1
+}
+
+// created is the outcome of a watch's first create: nil once the server has
+// confirmed it, else why it failed.
+type created struct {
+	w   *Watch
+	err error
+}
+
+// tellCreated gives Stream.open the outcome of the first create, once; the
+// channel is dropped then, so that a running watch does not carry it.
+func (w *Watch) tellCreated(err error) {
+	e := &w.entry
+	if e.created != nil {
+		e.created <- created{w, err} // buffered for every watch of the call: never blocks
+		e.created = nil
+	}
+}
