@@ -30,7 +30,7 @@ type Stream struct {
 	probe   sync.WaitGroup          // the probeRelease goroutine
 	base    context.Context         // ends at Close, with ErrClosed: the probe's and the views' contexts derive from it
 	stop    context.CancelCauseFunc // ends base; called by Close
-	hooks   *hooks // a test's; nil otherwise
+	hooks   *hooks                  // a test's; nil otherwise
 	stats   counters
 	state   stateBox
 	views   viewRegistry // the views' shared states

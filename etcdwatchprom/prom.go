@@ -63,12 +63,12 @@ type Source interface {
 type Collector struct {
 	src Source
 
-	watches, paused                          *prometheus.Desc
-	creates, stalls, pauses, resumes         *prometheus.Desc
-	responses, events, fragments             *prometheus.Desc
+	watches, paused                        *prometheus.Desc
+	creates, stalls, pauses, resumes       *prometheus.Desc
+	responses, events, fragments           *prometheus.Desc
 	duplicates, unknown, reconnects, moved *prometheus.Desc
-	idsRewritten, lastMessage                *prometheus.Desc
-	connected, stateSince, lastErrorAt       *prometheus.Desc
+	idsRewritten, lastMessage              *prometheus.Desc
+	connected, stateSince, lastErrorAt     *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -98,7 +98,7 @@ func New(name string, src Source) *Collector {
 		duplicates:   desc("duplicates_dropped_total", "Events at or below a watch's revision that were dropped."),
 		unknown:      desc("unknown_responses_total", "Responses for watch ids the stream did not know."),
 		reconnects:   desc("reconnects_total", "gRPC Watch streams replaced after they ended."),
-		moved:      desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
+		moved:        desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
 		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
 		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
 		connected:    desc("connected", "1 while a Watch stream is open, else 0."),
