@@ -64,7 +64,7 @@ func newDispatcher(s *Stream, open opener) *dispatcher {
 		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
 		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},
-		hurry:      newConnHurry(s.conn, s.opts.connectRetry),
+		hurry:      newConnHurry(s.opts.connectivity, s.opts.connectRetry),
 	}
 }
 

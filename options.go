@@ -1,11 +1,13 @@
 package etcdwatch
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
@@ -25,8 +27,9 @@ type options struct {
 	createTimeout                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
-	clock                         clock.Clock // the dispatcher's; a test's Fake
-	hooks                         *hooks      // a test's; nil otherwise
+	connectivity                  Connectivity // the connection's state; nil if unknown
+	clock                         clock.Clock  // the dispatcher's; a test's Fake
+	hooks                         *hooks       // a test's; nil otherwise
 }
 
 func defaultOptions() options {
@@ -151,6 +154,33 @@ func WithLiveness(idle, timeout time.Duration) Option {
 // member serving it has no leader, so that the Stream moves to a member that
 // has one (the "hasleader" metadata). Default off.
 func WithRequireLeader() Option { return func(o *options) { o.requireLeader = true } }
+
+// Connectivity is the part of *grpc.ClientConn that a Stream uses, beyond
+// grpc.ClientConnInterface, when the connection has it:
+//   - while the Watch RPC cannot open for want of a connection, the Stream
+//     reads GetState and waits with WaitForStateChange, so as to report the
+//     connection's error (State, the logs) and open the RPC the moment the
+//     connection is back;
+//   - ResetConnectBackoff cuts gRPC's reconnect backoff short (see
+//     WithConnectRetry);
+//   - a connection in connectivity.Shutdown (closed by its owner) ends the
+//     watches rather than waiting for it.
+//
+// Without it a Stream still works: it waits in the Watch RPC itself
+// (grpc.WaitForReady) and reconnects at gRPC's own pace; but it cannot
+// tell a closed connection from a failing one, and retries it, backing
+// off, until the Stream is closed.
+type Connectivity interface {
+	GetState() connectivity.State
+	WaitForStateChange(ctx context.Context, source connectivity.State) bool
+	ResetConnectBackoff()
+}
+
+// WithConnectivity gives the Stream the state of the connection under
+// conn, for a conn that wraps one and hides its methods (a wrapper that
+// adds metadata to each RPC, say). Default: conn itself, if it implements
+// Connectivity; nil leaves the Stream without.
+func WithConnectivity(c Connectivity) Option { return func(o *options) { o.connectivity = c } }
 
 func (o *options) validate() error {
 	switch {

@@ -80,7 +80,7 @@ func (d *dispatcher) retryable(err error) bool {
 	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) || errors.Is(err, errUnmatched) {
 		return true
 	}
-	if c, ok := d.s.conn.(interface{ GetState() connectivity.State }); ok && c.GetState() == connectivity.Shutdown {
+	if c := d.s.opts.connectivity; c != nil && c.GetState() == connectivity.Shutdown {
 		return false
 	}
 	return !rpcerr.Final(err)
@@ -241,23 +241,16 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 // (Dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
 // left alone. Owned by the dispatcher.
 type connHurry struct {
-	conn     resettableConn // nil: the connection cannot be hurried, or WithConnectRetry(0)
+	conn     Connectivity // nil: the connection cannot be hurried, or WithConnectRetry(0)
 	interval time.Duration
 	clock.Stoppable
 }
 
-func newConnHurry(conn any, interval time.Duration) connHurry {
-	c, ok := conn.(resettableConn)
-	if !ok || interval == 0 {
+func newConnHurry(c Connectivity, interval time.Duration) connHurry {
+	if c == nil || interval == 0 {
 		return connHurry{}
 	}
 	return connHurry{conn: c, interval: interval}
-}
-
-// resettableConn is the part of *grpc.ClientConn that connHurry uses.
-type resettableConn interface {
-	GetState() connectivity.State
-	ResetConnectBackoff()
 }
 
 // arm starts watching the connection for a new stream.

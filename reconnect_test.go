@@ -441,3 +441,32 @@ func TestProgressOnWhereItIsSafe(t *testing.T) {
 		require.NoError(t, s.Close())
 	}
 }
+
+// wrappedConn hides every method of its connection but those of
+// grpc.ClientConnInterface, as a wrapper adding metadata to RPCs does.
+type wrappedConn struct{ grpc.ClientConnInterface }
+
+// TestConnectivityOfAWrappedConnection: a Stream on a wrapper that hides
+// the connection's state learns it from WithConnectivity: when the
+// connection's owner closes it, the watches end at once with an error
+// wrapping ErrStreamFailed, rather than waiting on a connection that will
+// never come back.
+func TestConnectivityOfAWrappedConnection(t *testing.T) {
+	server := ws.Start(t)
+	conn := server.Dial(t)
+	s, err := etcdwatch.Open(wrappedConn{conn}, etcdwatch.WithConnectivity(conn))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	res := make(chan watchResult, 1)
+	go func() { // ends when the watch is confirmed or the Stream closes
+		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
+		res <- watchResult{w, err}
+	}()
+	srv := server.Accept(t)
+	c := srv.RecvCreate(t)
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	w := recvResult(t, res).w
+	require.NoError(t, conn.Close())
+	require.ErrorIs(t, ended(t, w), etcdwatch.ErrStreamFailed)
+	require.Zero(t, s.Stats().Reconnects, "a closed connection was retried")
+}

@@ -34,12 +34,12 @@ type opener func(ctx context.Context) (wireStream, error)
 //
 // The RPC waits for the connection rather than failing at once: after a cut
 // the stream reopens the moment gRPC has reconnected, instead of a backoff
-// later. On a *grpc.ClientConn it waits by hand, so as to learn why the
+// later. With the connection's Connectivity it waits by hand, so as to learn why the
 // connection fails: it opens the stream without waiting, and while that
 // fails for want of a connection it reports the connection's error (a
 // refused connection, a failed TLS handshake) and waits for the
 // connection's state to change.
-func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption, report func(error)) opener {
+func grpcOpener(conn grpc.ClientConnInterface, cc Connectivity, callOpts []grpc.CallOption, report func(error)) opener {
 	base := []grpc.CallOption{grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
 	ready := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(true)}, callOpts)
 	failFast := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(false)}, callOpts)
@@ -50,8 +50,7 @@ func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption, repor
 		}
 		return grpcStream{cs}, nil
 	}
-	cc, ok := conn.(stateWatcher)
-	if !ok {
+	if cc == nil {
 		return func(ctx context.Context) (wireStream, error) { return newStream(ctx, ready) }
 	}
 	return func(ctx context.Context) (wireStream, error) {
@@ -66,12 +65,6 @@ func grpcOpener(conn grpc.ClientConnInterface, callOpts []grpc.CallOption, repor
 			}
 		}
 	}
-}
-
-// stateWatcher is the part of *grpc.ClientConn that grpcOpener waits on.
-type stateWatcher interface {
-	GetState() connectivity.State
-	WaitForStateChange(ctx context.Context, source connectivity.State) bool
 }
 
 type grpcStream struct{ grpc.ClientStream }

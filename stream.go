@@ -40,16 +40,24 @@ type Stream struct {
 // more etcd members. It returns at once; the gRPC stream is opened in the
 // background and watches requested meanwhile wait for it. Close the Stream to
 // release it; conn stays open and belongs to the caller.
+//
+// The Stream calls conn's NewStream for the Watch RPC and Invoke for the
+// Maintenance Status RPC (see RequestProgress). Beyond that it uses the
+// connection's state, if conn implements Connectivity (as
+// *grpc.ClientConn does) or WithConnectivity gives it: see Connectivity.
 func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
+	if isNil(conn) {
+		return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
+	}
 	o := defaultOptions()
+	if c, ok := conn.(Connectivity); ok {
+		o.connectivity = c
+	}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if err := o.validate(); err != nil {
 		return nil, err
-	}
-	if isNil(conn) {
-		return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
 	}
 	s := &Stream{
 		conn:    conn,
@@ -61,7 +69,7 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		hooks:   o.hooks,
 	}
 	s.state.st.Since = o.clock.Now() // before the dispatcher starts
-	open := grpcOpener(conn, o.callOptions, s.connectionFailed)
+	open := grpcOpener(conn, o.connectivity, o.callOptions, s.connectionFailed)
 	if o.requireLeader {
 		open = requireLeader(open)
 	}
