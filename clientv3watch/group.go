@@ -45,11 +45,14 @@ func (w *watcher) openGroup(key string, md metadata.MD) (*group, error) {
 	g := &group{w: w, key: key, md: md}
 	g.requireLeader = requiresLeader(md)
 	g.lostCtx, g.lostCancel = context.WithCancel(context.Background())
-	var conn grpc.ClientConnInterface = ifaceConn{w.conn, g}
-	if cc, ok := w.conn.(*grpc.ClientConn); ok {
-		conn = clientConn{cc, g} // keeps the connection-state methods etcdwatch uses to reconnect promptly
+	opts := w.opts
+	if cc, ok := w.conn.(etcdwatch.Connectivity); ok {
+		// The wrapper hides the connection's state, which the Stream uses
+		// to reconnect promptly and to see the connection closed; first, so
+		// that a caller's own WithConnectivity wins.
+		opts = append([]etcdwatch.Option{etcdwatch.WithConnectivity(cc)}, opts...)
 	}
-	s, err := etcdwatch.Open(conn, w.opts...)
+	s, err := etcdwatch.Open(groupConn{w.conn, g}, opts...)
 	if err != nil {
 		g.lostCancel()
 		return nil, err
@@ -116,26 +119,15 @@ func streamKey(ctx context.Context) (string, metadata.MD) {
 	return b.String(), md.Copy()
 }
 
-// ifaceConn puts the group's metadata on the Watch RPC, and watches a
+// groupConn puts the group's metadata on the Watch RPC, and watches a
 // require-leader stream for the member's "no leader".
-type ifaceConn struct {
+type groupConn struct {
 	grpc.ClientConnInterface
 	g *group
 }
 
-func (c ifaceConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+func (c groupConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	return c.g.newStream(c.ClientConnInterface, ctx, desc, method, opts)
-}
-
-// clientConn is ifaceConn for a *grpc.ClientConn, whose other methods it
-// keeps.
-type clientConn struct {
-	*grpc.ClientConn
-	g *group
-}
-
-func (c clientConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return c.g.newStream(c.ClientConn, ctx, desc, method, opts)
 }
 
 func (g *group) newStream(conn grpc.ClientConnInterface, ctx context.Context, desc *grpc.StreamDesc, method string, opts []grpc.CallOption) (grpc.ClientStream, error) {
