@@ -162,6 +162,7 @@ func (d *dispatcher) stallShared() {
 func (d *dispatcher) deliver(w *Watch, r Response) {
 	start, behind := w.out.push(r, d.s.limit)
 	if start {
+		d.s.hooks.at(hookPumpStart)
 		d.s.pumps.Add(1)
 		go w.pump(w.out.backlog.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.
 	}

@@ -215,6 +215,7 @@ func (o *delivery) closeOut() {
 func (w *Watch) pump(stop chan struct{}) {
 	s := w.stream
 	defer s.pumps.Done()
+	defer s.hooks.at(hookPumpDone)
 	r, ok, _ := w.out.next(load{}, s.limit)
 	for ok {
 		took := weigh(r) // before the consumer, who owns r, can change it
@@ -228,7 +229,7 @@ func (w *Watch) pump(stop chan struct{}) {
 		if caughtUp {
 			s.command(resumeCmd{w})
 		}
-		s.hooks.took()
+		s.hooks.at(hookTook)
 	}
 }
 

@@ -106,6 +106,7 @@ func (d *dispatcher) run() {
 			d.s.state.opened(d.clock.Now())
 		case <-dead:
 			d.handleSessionEnd()
+			d.s.hooks.at(hookStreamEnd)
 		case <-d.retry.C:
 			d.connect()
 		case <-d.live.C:
@@ -134,7 +135,7 @@ const drainBatch = 64
 func (d *dispatcher) take(resp *wireResponse) {
 	d.sess.took(resp.size)
 	d.handleResponse(resp)
-	d.s.hooks.handled()
+	d.s.hooks.at(hookResponse)
 }
 
 // drainResponses handles responses that are already waiting, through a
@@ -159,10 +160,12 @@ func (d *dispatcher) drainResponses(recv <-chan wireResponse) {
 // likewise, then drops the creates of watches abandoned meanwhile.
 func (d *dispatcher) handleCommands(c command) {
 	c.handle(d)
+	d.s.hooks.at(hookCommand)
 	for range drainBatch {
 		select {
 		case c := <-d.s.cmds:
 			c.handle(d)
+			d.s.hooks.at(hookCommand)
 		default:
 			d.dropUnsent()
 			return

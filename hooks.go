@@ -1,28 +1,28 @@
 package etcdwatch
 
+// hook is a point in the Stream's goroutines that a test may wait for.
+type hook uint8
+
+const (
+	hookReceived  hook = iota // the session handed a response to the dispatcher
+	hookResponse              // the dispatcher handled a response
+	hookCommand               // the dispatcher handled a command
+	hookStreamEnd             // the dispatcher handled the end of a stream
+	hookPumpStart             // the dispatcher is about to start a pump
+	hookTook                  // a pump accounted for a response its consumer took
+	hookPumpDone              // a pump ended its run
+	hookCount
+)
+
 // hooks let tests observe the Stream's goroutines at exact points, so that
-// they wait for an event rather than poll for a state. A Stream outside
-// tests has none: each call is then a nil check.
+// they wait for an event rather than poll for a state, or sleep. A Stream
+// outside tests has none: each call is then a nil check.
 type hooks struct {
-	onReceived func() // the session handed a response to the dispatcher
-	onHandled  func() // the dispatcher handled a response
-	onTook     func() // a pump accounted for a response its consumer took
+	on func(hook) // called from the goroutine where the point is, after it
 }
 
-func (h *hooks) received() {
-	if h != nil && h.onReceived != nil {
-		h.onReceived()
-	}
-}
-
-func (h *hooks) handled() {
-	if h != nil && h.onHandled != nil {
-		h.onHandled()
-	}
-}
-
-func (h *hooks) took() {
-	if h != nil && h.onTook != nil {
-		h.onTook()
+func (h *hooks) at(p hook) {
+	if h != nil {
+		h.on(p)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
@@ -117,32 +118,36 @@ func TestRequestProgressSurvivesReconnect(t *testing.T) {
 // TestSilentStreamIsReplaced: a stream that stops answering is probed, then
 // replaced; its watches carry on over the new one.
 func TestSilentStreamIsReplaced(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithLiveness(20*time.Millisecond, 50*time.Millisecond))
-	// A probe may come before the watch's create on a slow machine: serve
-	// requests until the watch is confirmed, answering probes too.
-	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
-	for {
-		if c := h.srv.Recv(t).GetCreateRequest(); c != nil {
-			h.srv.Send(t, ws.Created(c.WatchId, 3))
-			if string(c.Key) == "a" {
-				break
-			}
-		}
-	}
-	w := recvResult(t, res).w
-	// The next probe is answered, as etcd would; the stream stays, and the
+	const idle, timeout = 20 * time.Millisecond, 50 * time.Millisecond
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithLiveness(idle, timeout))
+	w := h.watch(etcdwatch.Key("a"), 3) // the clock stands still: no probe yet
+	awaitArmed(t, clk, idle)
+	clk.Advance(idle) // heard from since the stream opened: nothing to do
+	awaitArmed(t, clk, idle)
+	clk.Advance(idle) // quiet since: a probe
+	// The probe is answered, as etcd would; the stream stays, and the
 	// probe watch is released.
-	probe := nextCreate(t, h.srv)
+	probe := h.srv.RecvCreate(t)
 	require.NotEqual(t, "a", string(probe.Key))
 	h.srv.Send(t, ws.Created(probe.WatchId, 3))
-	for h.srv.RecvCancel(t) != probe.WatchId { // an earlier probe's cancel may come first
-	}
-	// The next probe is not: the stream must be given up.
+	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
+	awaitArmed(t, clk, timeout)
+	clk.Advance(timeout) // the probe's answer was heard: quiet for another idle
+	awaitArmed(t, clk, idle)
+	clk.Advance(idle)
+	// The next probe is not answered: once its timeout has passed, the
+	// stream must be given up.
 	silent := h.srv
-	require.NotEqual(t, "a", string(nextCreate(t, silent).Key))
+	require.NotEqual(t, "a", string(silent.RecvCreate(t).Key))
+	awaitArmed(t, clk, timeout)
+	clk.Advance(timeout - time.Millisecond)
+	etcdwatch.Settle(t, h.s, wait)
+	require.Zero(t, h.s.Stats().Reconnects, "replaced before its timeout")
+	clk.Advance(time.Millisecond)
 	require.True(t, silent.Ended(t), "silent stream not ended")
 	h.srv = h.server.Accept(t)
-	c := nextCreate(t, h.srv)
+	c := h.srv.RecvCreate(t)
 	require.Equal(t, "a", string(c.Key))
 	require.Equal(t, int64(3), c.StartRevision)
 	h.srv.Send(t, ws.Created(c.WatchId, 9))
@@ -181,7 +186,7 @@ func TestCloseWhileReconnecting(t *testing.T) {
 	h.cut() // first retry is immediate
 	h.srv.RecvCreate(t)
 	h.srv.Close(status.Error(codes.Unavailable, "again")) // the second waits an hour
-	require.Eventually(t, func() bool { return h.s.Stats().Reconnects == 2 }, wait, time.Millisecond)
+	h.await(func() bool { return h.s.Stats().Reconnects == 2 })
 	require.NoError(t, h.s.Close())
 	require.ErrorIs(t, ended(t, w), etcdwatch.ErrClosed)
 }
@@ -267,12 +272,19 @@ func (l *logRecorder) count(s string) int {
 // 100ms doubling up to an hour for streams that fail, ten cuts in a row of
 // working streams each get a new stream within the wait.
 func TestSeriesOfCutsReconnectsAtOnce(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithReconnectBackoff(100*time.Millisecond, time.Hour))
+	const spacing = 100 * time.Millisecond
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithReconnectBackoff(spacing, time.Hour))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
 	require.Equal(t, int64(2), next(t, w).Revision)
 	for rev := int64(3); rev < 13; rev++ {
-		h.cut()
+		h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+		if rev > 3 { // the clock stands still: an immediate retry waits out min since the last
+			awaitArmed(t, clk, spacing)
+			clk.Advance(spacing)
+		}
+		h.srv = h.server.Accept(t)
 		c := h.srv.RecvCreate(t)
 		require.Equal(t, rev, c.StartRevision)
 		h.srv.Send(t, ws.Created(c.WatchId, rev-1))
@@ -354,7 +366,8 @@ func TestAbandonedCreatesAreNotSent(t *testing.T) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	s, err := etcdwatch.Open(conn, etcdwatch.WithConnectRetry(5*time.Millisecond))
+	obs := etcdwatch.NewObserver()
+	s, err := etcdwatch.Open(conn, etcdwatch.WithConnectRetry(5*time.Millisecond), etcdwatch.WithObserver(obs))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 
@@ -366,11 +379,10 @@ func TestAbandonedCreatesAreNotSent(t *testing.T) {
 			assert.ErrorIs(t, err, context.Canceled)
 		})
 	}
-	require.Eventually(t, func() bool { return s.Stats().Watches == n }, wait, time.Millisecond)
+	obs.Await(t, wait, func() bool { return s.Stats().Watches == n })
 	cancel()
 	calls.Wait()
-	require.Eventually(t, func() bool { return s.Stats().Watches == 0 }, wait, time.Millisecond,
-		"abandoned watches still counted")
+	obs.Await(t, wait, func() bool { return s.Stats().Watches == 0 }, "abandoned watches still counted")
 
 	up.Store(true)
 	srv := server.Accept(t)
@@ -412,11 +424,10 @@ func TestProgressOffWhereItRunsAhead(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
 	w := h.watch(etcdwatch.Key("a"), 1)
-	var err2 error
-	require.Eventually(t, func() bool {
-		_, err2 = s.RequestProgress(context.Background())
-		return errors.Is(err2, etcdwatch.ErrProgressUnsupported)
-	}, wait, time.Millisecond, "RequestProgress on etcd 3.4.23: %v", err2)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err = s.RequestProgress(ctx) // held until the Stream knows the release
+	require.ErrorIs(t, err, etcdwatch.ErrProgressUnsupported, "RequestProgress on etcd 3.4.23")
 	h.srv.Send(t, ws.Progress(-1, 20)) // late, or unasked: ahead of revision 5 below
 	h.srv.Send(t, ws.Events(w.ID(), 20, ws.Put("a", "v", 5)))
 	r := next(t, w)

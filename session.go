@@ -189,13 +189,13 @@ func (s *session) recvLoop(open opener) error {
 func (s *session) hand(resp wireResponse) error {
 	select {
 	case s.recv <- resp: // room, or the dispatcher waiting: no select over ctx needed
-		s.hooks.received()
+		s.hooks.at(hookReceived)
 		return nil
 	default:
 	}
 	select {
 	case s.recv <- resp:
-		s.hooks.received()
+		s.hooks.at(hookReceived)
 		return nil
 	case <-s.ctx.Done():
 		return context.Cause(s.ctx)

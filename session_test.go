@@ -39,7 +39,11 @@ func TestReadAheadIsBoundedInBytes(t *testing.T) {
 	s := startSession(func(context.Context) (wireStream, error) {
 		<-opened // b.s is set first
 		return b, nil
-	}, &hooks{onReceived: func() { handed <- struct{}{} }})
+	}, &hooks{on: func(p hook) {
+		if p == hookReceived {
+			handed <- struct{}{}
+		}
+	}})
 	b.s = s
 	close(opened)
 	defer s.close()

@@ -36,12 +36,12 @@ func deadAddr(t *testing.T) string {
 }
 
 // openOn opens a Stream on a new connection to addr, logging to logs.
-func openOn(t *testing.T, addr string, creds credentials.TransportCredentials, logs *logRecorder) *etcdwatch.Stream {
+func openOn(t *testing.T, addr string, creds credentials.TransportCredentials, logs *logRecorder, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	s, err := etcdwatch.Open(conn, etcdwatch.WithLogger(slog.New(logs)))
+	s, err := etcdwatch.Open(conn, append([]etcdwatch.Option{etcdwatch.WithLogger(slog.New(logs))}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -66,7 +66,8 @@ func requireExplained(t *testing.T, s *etcdwatch.Stream, err error, logs *logRec
 // refused says so, besides its context's error.
 func TestDeadPortIsExplained(t *testing.T) {
 	var logs logRecorder
-	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs)
+	obs := etcdwatch.NewObserver()
+	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs, etcdwatch.WithObserver(obs))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err := s.Watch(ctx, etcdwatch.Key("a"))
@@ -80,7 +81,7 @@ func TestDeadPortIsExplained(t *testing.T) {
 		_, err := s.Watch(waiting, etcdwatch.Key("b"))
 		res <- err
 	}()
-	require.Eventually(t, func() bool { return s.Stats().Watches == 1 }, wait, time.Millisecond)
+	obs.Await(t, wait, func() bool { return s.Stats().Watches == 1 })
 	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = s.RequestProgress(ctx)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
@@ -29,6 +30,7 @@ const wait = ws.Timeout
 type harness struct {
 	t      *testing.T
 	s      *etcdwatch.Stream
+	obs    *etcdwatch.Observer
 	server *ws.Server
 	srv    *ws.Stream
 }
@@ -36,10 +38,26 @@ type harness struct {
 func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
 	t.Helper()
 	server := ws.Start(t)
-	s, err := etcdwatch.Open(server.Dial(t), opts...)
+	obs := etcdwatch.NewObserver()
+	s, err := etcdwatch.Open(server.Dial(t), append([]etcdwatch.Option{etcdwatch.WithObserver(obs)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
-	return &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	return &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
+}
+
+// await waits until cond holds, checking it after each thing the Stream's
+// goroutines do (a response or command handled, a response taken); it
+// fails the test if cond does not hold within wait.
+func (h *harness) await(cond func() bool, msgAndArgs ...any) {
+	h.t.Helper()
+	h.obs.Await(h.t, wait, cond, msgAndArgs...)
+}
+
+// handledAll waits until the dispatcher has handled every response the
+// server sent on the current stream, which was the first.
+func (h *harness) handledAll() {
+	h.t.Helper()
+	h.await(func() bool { return int64(h.obs.Count(etcdwatch.HookResponse)) == h.srv.Sent() })
 }
 
 // cut ends the current stream with a retryable error and takes the one the
@@ -97,6 +115,15 @@ func (h *harness) progressAsync() <-chan progressResult {
 func recvProgress(t *testing.T, ch <-chan progressResult) progressResult {
 	t.Helper()
 	return recv(t, ch, "RequestProgress")
+}
+
+// awaitArmed waits until the Stream has armed a timer on clk to fire d from
+// now, so that a test steps past a deadline only once it is set.
+func awaitArmed(t *testing.T, clk *clock.Fake, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.True(t, clk.AwaitArmed(ctx, d), "no timer armed for %v; armed: %v", d, clk.Armed())
 }
 
 // recv waits for the result of a call made in the background; call names
@@ -373,11 +400,14 @@ func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
 // TestRequestProgressWhenLastWatchGoes: etcd never answers a stream without
 // watches, so a waiting call must not wait for ever.
 func TestRequestProgressWhenLastWatchGoes(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithProgressRetry(5*time.Millisecond))
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	w.Cancel()
+	awaitArmed(t, clk, 5*time.Millisecond)
+	clk.Advance(5 * time.Millisecond) // when it would ask again
 	require.ErrorIs(t, recvProgress(t, got).err, etcdwatch.ErrNoWatches)
 }
 
@@ -398,7 +428,7 @@ func TestServerChosenIDsAreAdopted(t *testing.T) {
 	for i := range n {
 		results = append(results, h.watchAsync(context.Background(), etcdwatch.Key(fmt.Sprint("k", i))))
 	}
-	require.Eventually(t, func() bool { return h.s.Stats().Watches == n+1 }, wait, time.Millisecond)
+	h.await(func() bool { return h.s.Stats().Watches == n+1 })
 	before := h.barrier(5)
 	require.Len(t, before, 1, "creates must not be pipelined once the server picks ids")
 	keyOf := map[int64]string{}
@@ -481,17 +511,20 @@ func TestStreamProgressReachesEveryWatch(t *testing.T) {
 		}
 		require.Equal(t, int64(50), r.Revision)
 		require.Equal(t, int64(50), r.Header.Revision)
-		require.Eventually(t, func() bool { return w.Revision() == 50 }, wait, time.Millisecond)
+		h.await(func() bool { return w.Revision() == 50 })
 	}
 }
 
 // TestRequestProgressAsksAgain: etcd 3.6+ ignores a progress request while a
 // watch catches up; the client must ask again until answered.
 func TestRequestProgressAsksAgain(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithProgressRetry(10*time.Millisecond))
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(10*time.Millisecond))
 	h.watch(etcdwatch.Key("a"), 1)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	awaitArmed(t, clk, 10*time.Millisecond)
+	clk.Advance(10 * time.Millisecond)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "unanswered progress request not repeated")
 	h.srv.Send(t, ws.Progress(-1, 99))
 	r := recvProgress(t, got)
@@ -542,7 +575,8 @@ func TestCloseEndsEverything(t *testing.T) {
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2))) // left unread
 	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("a", "v", 3)))
-	require.Eventually(t, func() bool { return h.s.Stats().Events == 2 }, wait, time.Millisecond)
+	h.handledAll()
+	require.Equal(t, uint64(2), h.s.Stats().Events)
 	pending := h.watchAsync(context.Background(), etcdwatch.Key("b"))
 	h.srv.RecvCreate(t) // never answered
 	require.NoError(t, h.s.Close())
@@ -695,7 +729,7 @@ func TestWatchAllIsAllOrNothing(t *testing.T) {
 		delete(confirmed, id)
 		h.srv.Send(t, ws.Canceled(id))
 	}
-	require.Eventually(t, func() bool { return h.s.Stats().Watches == 1 }, wait, time.Millisecond)
+	h.await(func() bool { return h.s.Stats().Watches == 1 })
 }
 
 // TestWatchAllValidatesEveryRequestFirst: one invalid request and nothing is
@@ -772,10 +806,13 @@ func TestWatchAllEndedForTheWholeStream(t *testing.T) {
 // server does not answer in time, with ErrCreateTimeout, and cancels its
 // watch once the server does answer; a watch confirmed in time outlives it.
 func TestCreateTimeoutBoundsOnlyTheWait(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithCreateTimeout(50*time.Millisecond))
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithCreateTimeout(50*time.Millisecond))
 	kept := h.watch(etcdwatch.Key("kept"), 1)
 	late := h.watchAsync(context.Background(), etcdwatch.Key("late"))
 	c := h.srv.RecvCreate(t)
+	awaitArmed(t, clk, 50*time.Millisecond)
+	clk.Advance(50 * time.Millisecond)
 	err := recvResult(t, late).err // the timeout has passed: kept has outlived it
 	require.ErrorIs(t, err, etcdwatch.ErrCreateTimeout)
 	h.srv.Send(t, ws.Created(c.WatchId, 1))

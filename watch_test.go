@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
@@ -53,7 +54,8 @@ func TestCancelRacingEvents(t *testing.T) {
 	close(stop)
 	<-sent
 	h.srv.Send(t, ws.Canceled(w.ID()))
-	require.Eventually(t, func() bool { return h.s.Stats().Watches == 0 }, wait, time.Millisecond)
+	h.handledAll()
+	require.Zero(t, h.s.Stats().Watches)
 	require.Equal(t, uint64(0), h.s.Stats().UnknownResponses, "late events of a canceled watch are expected, not unknown")
 }
 
@@ -130,7 +132,8 @@ func TestConsumerBehindTakesJoinedResponses(t *testing.T) {
 	}
 	large.Header = ws.Header(4 + small + 1000)
 	h.srv.Send(t, large)
-	require.Eventually(t, func() bool { return h.s.Stats().Events == small+80 }, wait, time.Millisecond)
+	h.handledAll()
+	require.Equal(t, uint64(small+80), h.s.Stats().Events)
 
 	var revs []int64
 	responses := 0
@@ -219,9 +222,13 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 	for i, rev := range got {
 		require.Equal(t, int64(i+2), rev)
 	}
-	// The consumer's last read may have sent a resume the dispatcher has
-	// not handled yet: wait for it, then every pause has its resume.
-	require.Eventually(t, func() bool { return h.s.Stats().Paused == 0 }, wait, time.Millisecond, "a watch stayed paused")
+	// The consumer's last read may have made the pump ask for a resume the
+	// dispatcher has not handled yet: once every pump has ended its run,
+	// and the dispatcher has handled what they asked, every pause has its
+	// resume.
+	h.await(h.obs.PumpsIdle)
+	etcdwatch.Settle(t, h.s, wait)
+	require.Zero(t, h.s.Stats().Paused, "a watch stayed paused")
 	st := h.s.Stats()
 	require.Equal(t, st.Pauses, st.Resumes)
 	require.Zero(t, st.Stalls)
@@ -246,8 +253,11 @@ func TestPausedWatchResumesAtHalfItsLimit(t *testing.T) {
 	for range 2 { // 120 events left: above half
 		require.Len(t, next(t, w).Events, per)
 	}
-	require.Never(t, func() bool { return h.s.Stats().Resumes > 0 }, 50*time.Millisecond, time.Millisecond,
-		"resumed above half the limit") // bounded: a resume comes within microseconds
+	// Once the pump has accounted for both, any resume it asked for has
+	// reached the dispatcher, which has handled it after Settle.
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookTook) == 2 })
+	etcdwatch.Settle(t, h.s, wait)
+	require.Zero(t, h.s.Stats().Resumes, "resumed above half the limit")
 	require.Len(t, next(t, w).Events, per) // 80 left
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, int64(2+limit/per), c.StartRevision)
@@ -262,14 +272,15 @@ func fillToLimit(h *harness, w *etcdwatch.Watch, limit int) {
 	for rev := int64(2); rev < int64(2+limit); rev++ {
 		h.srv.Send(h.t, ws.Events(w.ID(), rev, ws.Put("k", fmt.Sprint(rev), rev)))
 	}
-	require.Eventually(h.t, func() bool { return h.s.Stats().Stalls == stalls+1 }, wait, time.Millisecond)
+	h.handledAll() // the last of them began the stall
+	require.Equal(h.t, stalls+1, h.s.Stats().Stalls)
 }
 
 // stalled opens a watch "lag", alone on a new harness, and fills it to its
 // limit, so that the Stream stalls for lag's consumer.
-func stalled(t *testing.T, limit int, budget time.Duration) (h *harness, lag *etcdwatch.Watch) {
+func stalled(t *testing.T, limit int, budget time.Duration, opts ...etcdwatch.Option) (h *harness, lag *etcdwatch.Watch) {
 	t.Helper()
-	h = newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(budget))
+	h = newHarness(t, append([]etcdwatch.Option{etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(budget)}, opts...)...)
 	lag = h.watch(etcdwatch.Key("lag"), 1)
 	fillToLimit(h, lag, limit)
 	return h, lag
@@ -308,11 +319,16 @@ func TestLaggingConsumerIsWaitedFor(t *testing.T) {
 	h, lag := stalled(t, limit, time.Hour)
 	id := lag.ID()
 	read := h.s.Stats().Responses
+	received := h.obs.Count(etcdwatch.HookReceived)
 	h.srv.Send(t, ws.Events(lag.ID(), 10, ws.Put("k", "10", 10)))
-	// A negative check, so it is bounded: a Stream that reads on does so
-	// within microseconds.
-	require.Never(t, func() bool { return h.s.Stats().Responses > read }, 50*time.Millisecond, time.Millisecond,
-		"a response was read during the stall")
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookReceived) == received+1 })
+	// The response waits for the dispatcher, whose loop now runs with it
+	// there at each command: a loop that read during a stall would pick
+	// it rather than the command, at random, half of the time.
+	for range 20 {
+		etcdwatch.Settle(t, h.s, wait)
+		require.Equal(t, read, h.s.Stats().Responses, "a response was read during the stall")
+	}
 	got := readEvents(t, lag, limit/2)
 	require.Equal(t, revisions(2, int64(1+len(got))), got)
 	require.Equal(t, revisions(int64(2+len(got)), 10), readEvents(t, lag, 9-len(got)))
@@ -382,11 +398,18 @@ func TestCreateCutsAStallShort(t *testing.T) {
 
 // TestStuckConsumerIsPausedAfterItsStall: a consumer alone on its stream
 // that does not catch up holds up the stream only until the stall budget is
-// spent; its watch is then paused, and resumed when it has caught up.
+// spent (plus the free first millisecond); its watch is then paused, and
+// resumed when it has caught up.
 func TestStuckConsumerIsPausedAfterItsStall(t *testing.T) {
-	const limit = 4
-	h, stuck := stalled(t, limit, 20*time.Millisecond)
+	const limit, budget = 4, 20 * time.Millisecond
+	clk := clock.NewFake()
+	h, stuck := stalled(t, limit, budget, etcdwatch.WithClock(clk))
 	id := stuck.ID()
+	awaitArmed(t, clk, budget+time.Millisecond)
+	clk.Advance(budget)
+	etcdwatch.Settle(t, h.s, wait)
+	require.Zero(t, h.s.Stats().Pauses, "paused before its stall was spent")
+	clk.Advance(time.Millisecond)
 	require.Equal(t, id, h.srv.RecvCancel(t), "the stuck watch was not paused")
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Stalls)
@@ -404,8 +427,7 @@ func TestCancelEndsAStall(t *testing.T) {
 	h.srv.Send(t, ws.Events(12345, 10, ws.Put("x", "v", 10))) // read only once the stall is over
 	lag.Cancel()
 	require.Equal(t, id, h.srv.RecvCancel(t))
-	require.Eventually(t, func() bool { return h.s.Stats().UnknownResponses == 1 }, wait, time.Millisecond,
-		"the stream read nothing after the stall")
+	h.await(func() bool { return h.s.Stats().UnknownResponses == 1 }, "the stream read nothing after the stall")
 	require.Zero(t, h.s.Stats().Pauses)
 }
 
@@ -416,7 +438,7 @@ func TestStreamEndDuringAStallPausesTheWatch(t *testing.T) {
 	const limit = 4
 	h, lag := stalled(t, limit, time.Hour)
 	h.cut()
-	require.Eventually(t, func() bool { return h.s.Stats().Reconnects == 1 }, wait, time.Millisecond)
+	h.await(func() bool { return h.s.Stats().Reconnects == 1 })
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Pauses)
 	require.Equal(t, int64(1), st.Paused, "the stalled watch was re-created before its consumer caught up")
@@ -519,7 +541,7 @@ func TestContextEndsBeforeCreated(t *testing.T) {
 	h.srv.Send(t, ws.Created(c.WatchId, 1))
 	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
 	h.srv.Send(t, ws.Canceled(c.WatchId))
-	require.Eventually(t, func() bool { return h.s.Stats().Watches == 0 }, wait, time.Millisecond)
+	h.await(func() bool { return h.s.Stats().Watches == 0 })
 }
 
 // TestCreateRequestCarriesTheRequest checks the wire form of every field.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -146,6 +147,7 @@ type Stream struct {
 	end    chan error
 	mu     sync.Mutex // serializes Send
 	closed bool
+	sent   atomic.Int64
 }
 
 // Recv returns the client's next request, failing the test after Timeout or
@@ -223,8 +225,13 @@ func (st *Stream) Send(t testing.TB, resp *pb.WatchResponse) {
 	}
 	if err := st.srv.Send(resp); err != nil {
 		t.Logf("watchserver: send: %v", err)
+		return
 	}
+	st.sent.Add(1)
 }
+
+// Sent returns how many responses Send has written on the stream.
+func (st *Stream) Sent() int64 { return st.sent.Load() }
 
 // Close ends the RPC with err (a status error, or nil for OK).
 func (st *Stream) Close(err error) {
