@@ -300,12 +300,18 @@ func TestSeriesOfCutsReconnectsAtOnce(t *testing.T) {
 // the watch is back as soon as a leader is.
 func TestNoLeaderRefusalsArePolled(t *testing.T) {
 	noLeader := status.Error(codes.Unavailable, "etcdserver: no leader")
-	h := newHarness(t, etcdwatch.WithRequireLeader(), etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithRequireLeader(), etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Close(noLeader) // the stream worked: replaced at once
 	for range 5 {
 		h.srv = h.server.Accept(t)
 		h.srv.Close(noLeader) // refused before anything: polled, not backed off for an hour
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		d, ok := clk.AwaitArmedIn(ctx, 25*time.Millisecond, 50*time.Millisecond)
+		cancel()
+		require.True(t, ok, "no retry within 25-50ms armed; armed: %v", clk.Armed())
+		clk.Advance(d)
 	}
 	h.srv = h.server.Accept(t)
 	c := h.srv.RecvCreate(t)

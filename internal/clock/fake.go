@@ -69,20 +69,28 @@ func (f *Fake) Armed() []time.Duration {
 // reports false if ctx ends first. A test calls it before Advance, to step
 // past a deadline only once the code under test has set it.
 func (f *Fake) AwaitArmed(ctx context.Context, d time.Duration) bool {
+	_, ok := f.AwaitArmedIn(ctx, d, d)
+	return ok
+}
+
+// AwaitArmedIn waits until a timer is armed to fire from lo to hi from
+// now, a jittered delay, and returns when it will; ok is false if ctx ends
+// first.
+func (f *Fake) AwaitArmedIn(ctx context.Context, lo, hi time.Duration) (d time.Duration, ok bool) {
 	for {
 		f.mu.Lock()
 		moved := f.moved
 		for t := range f.timers {
-			if t.when.Sub(f.now) == d {
+			if d := t.when.Sub(f.now); d >= lo && d <= hi {
 				f.mu.Unlock()
-				return true
+				return d, true
 			}
 		}
 		f.mu.Unlock()
 		select {
 		case <-moved:
 		case <-ctx.Done():
-			return false
+			return 0, false
 		}
 	}
 }
