@@ -474,15 +474,8 @@ func TestConnectivityOfAWrappedConnection(t *testing.T) {
 	s, err := etcdwatch.Open(wrappedConn{conn}, etcdwatch.WithConnectivity(conn))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	res := make(chan watchResult, 1)
-	go func() { // ends when the watch is confirmed or the Stream closes
-		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
-		res <- watchResult{w, err}
-	}()
-	srv := server.Accept(t)
-	c := srv.RecvCreate(t)
-	srv.Send(t, ws.Created(c.WatchId, 1))
-	w := recvResult(t, res).w
+	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	w := h.watch(etcdwatch.Key("a"), 1)
 	require.NoError(t, conn.Close())
 	require.ErrorIs(t, ended(t, w), etcdwatch.ErrStreamFailed)
 	require.Zero(t, s.Stats().Reconnects, "a closed connection was retried")
