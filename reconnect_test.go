@@ -157,19 +157,6 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	require.Equal(t, int64(1), h.s.Stats().Watches, "probes are not watches")
 }
 
-// nextCreate returns the next create request on st, skipping cancels (of
-// probes answered earlier).
-func nextCreate(t *testing.T, st *ws.Stream) *pb.WatchCreateRequest {
-	t.Helper()
-	for {
-		req := st.Recv(t)
-		if c := req.GetCreateRequest(); c != nil {
-			return c
-		}
-		require.NotNil(t, req.GetCancelRequest(), "want a create or a cancel, got %v", req)
-	}
-}
-
 // TestRequireLeaderMetadata: WithRequireLeader marks the stream so that etcd
 // refuses it on a member without a leader.
 func TestRequireLeaderMetadata(t *testing.T) {
