@@ -230,3 +230,34 @@ func TestAuthNotEnabled(t *testing.T) {
 	streams, _ := a.seen()
 	require.Equal(t, []string{""}, streams)
 }
+
+// TestAuthTokenDroppedForGeneratedClient: a Watch stream of etcd's
+// generated client, not a Stream's, also drops a token the server refuses
+// for a create, so the next stream carries a new one.
+func TestAuthTokenDroppedForGeneratedClient(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	conn := dialAuth(t, a, "pw")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	watch := pb.NewWatchClient(conn)
+	create := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("a")}}}
+
+	first, err := watch.Watch(ctx)
+	require.NoError(t, err)
+	a.expire()
+	require.NoError(t, first.Send(create))
+	resp, err := first.Recv()
+	require.NoError(t, err)
+	require.True(t, resp.Canceled, "the server refused the create")
+	require.Equal(t, rpctypes.ErrGRPCInvalidAuthToken.Error(), resp.CancelReason)
+
+	second, err := watch.Watch(ctx)
+	require.NoError(t, err)
+	require.NoError(t, second.Send(create))
+	resp, err = second.Recv()
+	require.NoError(t, err)
+	require.False(t, resp.Canceled, "the create on a new token: %s", resp.CancelReason)
+	streams, _ := a.seen()
+	require.Equal(t, []string{"tok1", "tok2"}, streams)
+	require.Equal(t, 2, a.authenticated())
+}

@@ -109,7 +109,8 @@ func WithInsecure() Option {
 // which they override. They apply after New's defaults, in order, where
 // they stand among this package's options: transport credentials given
 // here override a WithTLS, WithTLSFiles or WithInsecure before them, and
-// one after them overrides them. Default: none.
+// one after them overrides them. A service config given here replaces all
+// of New's, round_robin included. Default: none.
 func WithGRPCOptions(opts ...grpc.DialOption) Option {
 	opts = append([]grpc.DialOption(nil), opts...)
 	return func(s *settings) {
