@@ -50,15 +50,7 @@ func startAuthServer(t *testing.T, password string) *authServer {
 	pb.RegisterAuthServer(srv, a)
 	pb.RegisterWatchServer(srv, a)
 	pb.RegisterKVServer(srv, a)
-	served := make(chan struct{})
-	go func() { // exits when the server stops
-		defer close(served)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-served
-	})
+	serve(t, srv, lis)
 	return a
 }
 

@@ -64,7 +64,8 @@ func TestEndpoints(t *testing.T) {
 
 // TestSecurity: the endpoints' schemes and the transport security must
 // agree; the options are checked before anything is dialed. Plain text
-// given as gRPC credentials is caught as WithInsecure is.
+// given as gRPC credentials is caught as WithInsecure is, and WithInsecure
+// conflicts with TLS.
 func TestSecurity(t *testing.T) {
 	certs := newTestCerts(t, "localhost", "127.0.0.1")
 	plain := dial.WithGRPCOptions(grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -93,6 +94,18 @@ func TestSecurity(t *testing.T) {
 		{"CA file without PEM", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.keyFile+".txt", "", "")}, "no PEM certificate"},
 		{"certificate without key", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles("", certs.certFile, "")}, "both certFile and keyFile"},
 		{"empty user", []string{"localhost:2379"}, []dial.Option{plain, dial.WithPassword("", "pw")}, "WithPassword needs a user name"},
+
+		// WithInsecure is plain text said explicitly: refused beside TLS,
+		// whichever comes first, and with an https:// endpoint.
+		{"WithInsecure, no scheme", []string{"localhost:2379", "127.0.0.1:2380"}, []dial.Option{dial.WithInsecure()}, ""},
+		{"WithInsecure, http", []string{"http://localhost:2379", "localhost:2380"}, []dial.Option{dial.WithInsecure()}, ""},
+		{"WithInsecure twice", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithInsecure()}, ""},
+		{"WithInsecure, https", []string{"https://localhost:2379"}, []dial.Option{dial.WithInsecure()}, `endpoint "https://localhost:2379" asks for TLS, but WithInsecure was given`},
+		{"WithInsecure, https among others", []string{"localhost:2379", "https://localhost:2380"}, []dial.Option{dial.WithInsecure()}, `"https://localhost:2380" asks for TLS, but WithInsecure`},
+		{"WithInsecure then WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithTLS(nil)}, "WithInsecure and WithTLS were both given"},
+		{"WithInsecure after WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
+		{"WithInsecure with WithTLSFiles", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.caFile, "", ""), dial.WithInsecure()}, "WithInsecure and WithTLSFiles were both given"},
+		{"WithInsecure and WithTLS, https", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := dial.New(tc.endpoints, tc.opts...)
@@ -103,6 +116,7 @@ func TestSecurity(t *testing.T) {
 			}
 			require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 			require.ErrorContains(t, err, tc.refused)
+			require.Nil(t, conn)
 		})
 	}
 }
@@ -181,15 +195,7 @@ func startTLSMember(t *testing.T, id uint64, cert tls.Certificate) *tlsMember {
 	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
 	pb.RegisterMaintenanceServer(srv, m)
-	served := make(chan struct{})
-	go func() { // exits when the server stops
-		defer close(served)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-served
-	})
+	serve(t, srv, lis)
 	return m
 }
 

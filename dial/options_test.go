@@ -24,43 +24,6 @@ func TestOptionIsNotAGRPCDialOption(t *testing.T) {
 		"dial.Option satisfies grpc.DialOption: gRPC would take it and ignore it")
 }
 
-// TestInsecureConflicts: WithInsecure is plain text said explicitly, so it
-// is refused beside TLS, whichever comes first, and with an https://
-// endpoint, while endpoints without a scheme or with http:// take it.
-func TestInsecureConflicts(t *testing.T) {
-	certs := newTestCerts(t, "localhost")
-	for _, tc := range []struct {
-		name      string
-		endpoints []string
-		opts      []dial.Option
-		refused   string // a fragment of the error; "" for none
-	}{
-		{"no scheme", []string{"localhost:2379", "127.0.0.1:2380"}, []dial.Option{dial.WithInsecure()}, ""},
-		{"http", []string{"http://localhost:2379", "localhost:2380"}, []dial.Option{dial.WithInsecure()}, ""},
-		{"twice", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithInsecure()}, ""},
-		{"gRPC options beside it", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithGRPCOptions(grpc.WithUserAgent("test"))}, ""},
-
-		{"https", []string{"https://localhost:2379"}, []dial.Option{dial.WithInsecure()}, `endpoint "https://localhost:2379" asks for TLS, but WithInsecure was given`},
-		{"https among others", []string{"localhost:2379", "https://localhost:2380"}, []dial.Option{dial.WithInsecure()}, `"https://localhost:2380" asks for TLS`},
-		{"then WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithTLS(nil)}, "WithInsecure and WithTLS were both given"},
-		{"after WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
-		{"with WithTLSFiles", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.caFile, "", ""), dial.WithInsecure()}, "WithInsecure and WithTLSFiles were both given"},
-		{"https with WithTLS", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			conn, err := dial.New(tc.endpoints, tc.opts...)
-			if tc.refused == "" {
-				require.NoError(t, err)
-				require.NoError(t, conn.Close())
-				return
-			}
-			require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
-			require.ErrorContains(t, err, tc.refused)
-			require.Nil(t, conn)
-		})
-	}
-}
-
 // TestNoTransportSecurityNamesTheOptions: with none chosen, the refusal
 // points at this package's options, not only at gRPC's insecure package.
 func TestNoTransportSecurityNamesTheOptions(t *testing.T) {
