@@ -32,10 +32,6 @@ var (
 	// auth token, old auth revision, empty user name).
 	ErrUnauthenticated = errors.New("etcdwatch: unauthenticated")
 
-	// ErrAuthFailed: the server refused the user name or password given to
-	// Dial with WithPassword. Such an error also matches ErrUnauthenticated.
-	ErrAuthFailed = errors.New("etcdwatch: authentication failed")
-
 	// ErrServerCanceled matches a *ServerError whose reason is not one of the
 	// classified ones above.
 	ErrServerCanceled = errors.New("etcdwatch: watch canceled by server")

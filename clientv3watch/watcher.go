@@ -30,8 +30,8 @@ func New(c *clientv3.Client, opts ...etcdwatch.Option) clientv3.Watcher {
 }
 
 // NewFromConn is New for a connection that is not a clientv3.Client's, for
-// example one from etcdwatch.Dial; conn stays the caller's to close, after
-// the Watcher.
+// example one from dial.New (package github.com/etcdwatch/etcdwatch/dial);
+// conn stays the caller's to close, after the Watcher.
 func NewFromConn(conn grpc.ClientConnInterface, opts ...etcdwatch.Option) clientv3.Watcher {
 	return &watcher{
 		conn:   conn,

@@ -14,10 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchprom"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
@@ -142,7 +141,7 @@ etcdwatch_events_total{stream="leases"} 5
 func TestValuesMove(t *testing.T) {
 	member := etcdwatchtest.StartEtcd(t)
 	proxy := etcdwatchtest.NewProxy(t, member.Endpoint)
-	conn, err := etcdwatch.Dial([]string{proxy.Addr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New([]string{proxy.Addr()}, dial.WithInsecure())
 	require.NoError(t, err)
 	defer conn.Close()
 	s, err := etcdwatch.Open(conn)

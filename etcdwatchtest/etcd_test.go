@@ -26,8 +26,8 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// dial returns a connection to srv, closed when the test ends.
-func dial(t *testing.T, srv *etcdwatchtest.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+// memberConn returns a connection to srv, closed when the test ends.
+func memberConn(t *testing.T, srv *etcdwatchtest.Server, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	conn, err := srv.Dial(opts...)
 	require.NoError(t, err)
@@ -58,7 +58,7 @@ func TestStartEtcd(t *testing.T) {
 	t.Run("user", func(t *testing.T) {
 		srv = etcdwatchtest.StartEtcd(t)
 		require.True(t, strings.HasPrefix(srv.Endpoint, "127.0.0.1:"), srv.Endpoint)
-		conn := dial(t, srv)
+		conn := memberConn(t, srv)
 		s, err := etcdwatch.Open(conn)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, s.Close()) })
@@ -80,7 +80,7 @@ func TestStartEtcd(t *testing.T) {
 func TestRestart(t *testing.T) {
 	srv := etcdwatchtest.StartEtcd(t)
 	endpoint := srv.Endpoint
-	conn := dial(t, srv)
+	conn := memberConn(t, srv)
 	put(t, conn, "k", "v")
 	require.Error(t, srv.Restart(), "the member is running")
 	srv.Stop()
@@ -120,7 +120,7 @@ func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
 		}
 	}
 	require.NotNil(t, leader)
-	put(t, dial(t, leader), "k", "v")
+	put(t, memberConn(t, leader), "k", "v")
 
 	leader.Stop()
 	require.False(t, leader.HasLeader())
@@ -134,7 +134,7 @@ func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
 	}, wait, 10*time.Millisecond, "no new leader")
 	require.NoError(t, leader.Restart())
 	require.Eventually(t, leader.HasLeader, wait, 10*time.Millisecond)
-	require.Equal(t, "v", get(t, dial(t, leader), "k"))
+	require.Equal(t, "v", get(t, memberConn(t, leader), "k"))
 	return members
 }
 
@@ -142,7 +142,7 @@ func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
 // a request larger than etcd's default limit of 1.5 MiB.
 func TestOption(t *testing.T) {
 	srv := etcdwatchtest.StartEtcd(t, func(c *embed.Config) { c.MaxRequestBytes = 4 << 20 })
-	conn := dial(t, srv)
+	conn := memberConn(t, srv)
 	put(t, conn, "big", strings.Repeat("x", 2<<20))
 }
 
@@ -157,7 +157,7 @@ func TestStartClusterIn(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.NotEmpty(t, entries)
-	put(t, dial(t, members[0]), "k", "v")
+	put(t, memberConn(t, members[0]), "k", "v")
 	start := time.Now()
 	etcdwatchtest.StopAll(members...)
 	t.Logf("StopAll took %v", time.Since(start))

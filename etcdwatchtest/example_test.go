@@ -8,10 +8,9 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -85,7 +84,7 @@ func ExampleProxy() {
 	}
 	defer proxy.Close()
 
-	conn, err := etcdwatch.Dial([]string{proxy.Addr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New([]string{proxy.Addr()}, dial.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}

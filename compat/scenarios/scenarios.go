@@ -21,9 +21,9 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 )
 
 // Wait bounds every wait for a message.
@@ -85,19 +85,19 @@ func Connect(t *testing.T, endpoint string) *Env {
 	return &Env{Endpoint: endpoint, Version: v, kv: pb.NewKVClient(conn)}
 }
 
-// open returns a Stream on its own etcdwatch.Dial connection to endpoint,
+// open returns a Stream on its own dial.New connection to endpoint,
 // both closed when the test ends.
 func open(t *testing.T, endpoint string, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
 	return openConn(t, endpoint, nil, opts...)
 }
 
-// openConn is open with dial options of the test's own added.
-func openConn(t *testing.T, endpoint string, dial []grpc.DialOption, opts ...etcdwatch.Option) *etcdwatch.Stream {
+// openConn is open with gRPC options of the test's own added.
+func openConn(t *testing.T, endpoint string, grpcOpts []grpc.DialOption, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
-	dial = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}, dial...)
-	conn, err := etcdwatch.Dial([]string{endpoint}, dial...)
+	conn, err := dial.New([]string{endpoint}, dial.WithInsecure(),
+		dial.WithGRPCOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20))),
+		dial.WithGRPCOptions(grpcOpts...))
 	must(t, err)
 	s, err := etcdwatch.Open(conn, opts...)
 	must(t, err)

@@ -35,10 +35,9 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -127,7 +126,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		logger.Info("started an embedded etcd", "endpoint", srv.Endpoint, "demo", c.demo)
 	}
 
-	conn, err := etcdwatch.Dial(c.endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New(c.endpoints, dial.WithInsecure())
 	if err != nil {
 		return err
 	}

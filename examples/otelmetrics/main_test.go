@@ -10,10 +10,9 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -40,7 +39,7 @@ after three writes: etcdwatch.watches=1 etcdwatch.events=3 etcdwatch.reconnects=
 func TestValuesMove(t *testing.T) {
 	member := etcdwatchtest.StartEtcd(t)
 	proxy := etcdwatchtest.NewProxy(t, member.Endpoint)
-	conn, err := etcdwatch.Dial([]string{proxy.Addr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New([]string{proxy.Addr()}, dial.WithInsecure())
 	require.NoError(t, err)
 	defer conn.Close()
 	busy, err := etcdwatch.Open(conn)

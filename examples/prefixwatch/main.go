@@ -24,10 +24,9 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -73,7 +72,7 @@ func run(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch.R
 // watch prints req's events until ctx ends, or, with demo, writes the demo
 // keys and returns once they have arrived.
 func watch(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch.Request, prevKV, demo bool) error {
-	conn, err := etcdwatch.Dial(endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New(endpoints, dial.WithInsecure())
 	if err != nil {
 		return err
 	}

@@ -22,10 +22,9 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -91,7 +90,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 
-	conn, err := etcdwatch.Dial([]string{proxy.Addr()}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New([]string{proxy.Addr()}, dial.WithInsecure())
 	if err != nil {
 		return err
 	}

@@ -113,7 +113,7 @@ func startCutWatcher(ctx context.Context, c contender, prefix string, capacity i
 		return nil, err
 	}
 	proxy.SetDelay(*cutsDelay)
-	conn, err := dial(proxy.Addr())
+	conn, err := plainConn(proxy.Addr())
 	if err != nil {
 		proxy.Close()
 		return nil, err

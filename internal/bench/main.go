@@ -264,8 +264,8 @@ func check(err error) {
 	}
 }
 
-// dial returns a plain gRPC connection to addr.
-func dial(addr string) (*grpc.ClientConn, error) {
+// plainConn returns a plain gRPC connection to addr.
+func plainConn(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 

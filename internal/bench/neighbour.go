@@ -48,7 +48,7 @@ func runNeighbour(c contender, rep int) (result, error) {
 func neighbourChild(c contender) {
 	ctx, cancel := timeout()
 	defer cancel()
-	conn, err := dial(*childEndpoint)
+	conn, err := plainConn(*childEndpoint)
 	check(err)
 	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{*childEndpoint}})
 	check(err)

@@ -23,10 +23,10 @@ import (
 	"go.etcd.io/etcd/client/v3/mirror"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -459,9 +459,9 @@ func changeViewKeys(ctx context.Context, kv *clientv3.Client, v *etcdwatch.View[
 	return want, nil
 }
 
-// viewDial is an application's connection: etcdwatch.Dial, plain text.
+// viewDial is an application's connection: dial.New, plain text.
 func viewDial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
-	return etcdwatch.Dial([]string{addr}, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	return dial.New([]string{addr}, dial.WithInsecure(), dial.WithGRPCOptions(opts...))
 }
 
 // noRangeStream refuses the RangeStream RPC as a server before etcd 3.7

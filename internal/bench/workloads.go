@@ -19,7 +19,7 @@ import (
 
 // runCreate times opening N watches on distinct keys until all are confirmed.
 func runCreate(c contender, rep int) (result, error) {
-	conn, err := dial(etcdEndpoint)
+	conn, err := plainConn(etcdEndpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +142,7 @@ func cpuTime() time.Duration {
 // writing to writeAddr (straight to the member, not through a proxy), and
 // a function that closes both.
 func connAndWriter(addr, writeAddr string) (*grpc.ClientConn, *clientv3.Client, func(), error) {
-	conn, err := dial(addr)
+	conn, err := plainConn(addr)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -110,7 +111,7 @@ func (sc *secure) endpoints() []string {
 // authentications counts a connection's Authenticate calls.
 type authentications struct{ ok, failed atomic.Int64 }
 
-// open returns a Stream for user on an etcdwatch.Dial connection over TLS
+// open returns a Stream for user on a dial.New connection over TLS
 // to endpoints, and a count of the connection's Authenticate calls.
 func (sc *secure) open(t *testing.T, endpoints []string, user, password string, opts ...etcdwatch.Option) (*etcdwatch.Stream, *authentications) {
 	t.Helper()
@@ -135,8 +136,8 @@ func (sc *secure) open(t *testing.T, endpoints []string, user, password string, 
 		}
 		return err
 	}
-	conn, err := etcdwatch.Dial(endpoints, etcdwatch.WithTLS(&tls.Config{RootCAs: sc.roots}),
-		etcdwatch.WithPassword(user, password), grpc.WithChainUnaryInterceptor(count))
+	conn, err := dial.New(endpoints, dial.WithTLS(&tls.Config{RootCAs: sc.roots}),
+		dial.WithPassword(user, password), dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(count)))
 	require.NoError(t, err)
 	s, err := etcdwatch.Open(conn, opts...)
 	require.NoError(t, err)
@@ -252,7 +253,7 @@ func TestPermissionDeniedEndsOnlyItsWatch(t *testing.T) {
 }
 
 // TestWrongPassword: a wrong password fails the first Watch with
-// ErrAuthFailed, saying why.
+// dial.ErrAuthFailed, saying why.
 func TestWrongPassword(t *testing.T) {
 	leakCheck(t)
 	sc := startSecure(t, 1)
@@ -260,7 +261,7 @@ func TestWrongPassword(t *testing.T) {
 	c, cancel := context.WithTimeout(ctx(t), wait)
 	defer cancel()
 	_, err := s.Watch(c, etcdwatch.Prefix("secure/"))
-	require.ErrorIs(t, err, etcdwatch.ErrAuthFailed)
+	require.ErrorIs(t, err, dial.ErrAuthFailed)
 	require.ErrorIs(t, err, etcdwatch.ErrUnauthenticated)
 	require.ErrorContains(t, err, "authentication failed for user watcher: etcdserver: authentication failed, invalid user ID or password")
 	require.Equal(t, int64(1), authenticated.failed.Load(), "a wrong password is not tried again")

@@ -17,9 +17,9 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -106,12 +106,12 @@ func open(t *testing.T, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	return openOn(t, []string{etcd.Endpoint}, opts...)
 }
 
-// openOn returns a Stream on its own etcdwatch.Dial connection, both closed
+// openOn returns a Stream on its own dial.New connection, both closed
 // when the test ends. Messages up to 64 MiB are accepted, for fragments.
 func openOn(t *testing.T, endpoints []string, opts ...etcdwatch.Option) *etcdwatch.Stream {
 	t.Helper()
-	conn, err := etcdwatch.Dial(endpoints, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	conn, err := dial.New(endpoints, dial.WithInsecure(),
+		dial.WithGRPCOptions(grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20))))
 	require.NoError(t, err)
 	s, err := etcdwatch.Open(conn, opts...)
 	require.NoError(t, err)

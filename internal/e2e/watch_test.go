@@ -11,10 +11,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 )
 
 // collect reads a watch's events in a goroutine until stop is closed and
@@ -298,7 +297,7 @@ func TestFragmentedTransaction(t *testing.T) {
 // with no size option at all, and the stream is not replaced for it.
 func TestLargeRevisionWithoutFragments(t *testing.T) {
 	leakCheck(t)
-	conn, err := etcdwatch.Dial([]string{etcd.Endpoint}, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial.New([]string{etcd.Endpoint}, dial.WithInsecure())
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, conn.Close()) })
 	s, err := etcdwatch.Open(conn)

@@ -1,4 +1,4 @@
-package etcdwatch_test
+package dial_test
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 )
 
 // authServer is a fake etcd with auth on a loopback port: Authenticate
@@ -50,15 +50,7 @@ func startAuthServer(t *testing.T, password string) *authServer {
 	pb.RegisterAuthServer(srv, a)
 	pb.RegisterWatchServer(srv, a)
 	pb.RegisterKVServer(srv, a)
-	served := make(chan struct{})
-	go func() { // exits when the server stops
-		defer close(served)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-served
-	})
+	serve(t, srv, lis)
 	return a
 }
 
@@ -151,8 +143,7 @@ func (a *authServer) seen() (streams, ranges []string) {
 
 func dialAuth(t *testing.T, a *authServer, password string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := etcdwatch.Dial([]string{a.addr}, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		etcdwatch.WithPassword("alice", password))
+	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", password))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, conn.Close()) })
 	return conn
@@ -196,7 +187,7 @@ func TestAuthTokenRenewedWhenRefused(t *testing.T) {
 }
 
 // TestAuthWrongPassword: a refused password fails the first Watch with an
-// error matching ErrAuthFailed (and ErrUnauthenticated), which says why.
+// error matching dial.ErrAuthFailed (and ErrUnauthenticated), which says why.
 func TestAuthWrongPassword(t *testing.T) {
 	a := startAuthServer(t, "pw")
 	conn := dialAuth(t, a, "wrong")
@@ -204,7 +195,7 @@ func TestAuthWrongPassword(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	_, err = s.Watch(t.Context(), etcdwatch.Key("a"))
-	require.ErrorIs(t, err, etcdwatch.ErrAuthFailed)
+	require.ErrorIs(t, err, dial.ErrAuthFailed)
 	require.ErrorIs(t, err, etcdwatch.ErrUnauthenticated)
 	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
 	require.Equal(t, codes.Unauthenticated, status.Code(err))
@@ -214,7 +205,9 @@ func TestAuthWrongPassword(t *testing.T) {
 	require.Empty(t, streams, "no Watch stream without a token")
 
 	_, err = pb.NewKVClient(conn).Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
-	require.ErrorIs(t, err, etcdwatch.ErrAuthFailed)
+	require.ErrorIs(t, err, dial.ErrAuthFailed)
+	require.ErrorIs(t, err, etcdwatch.ErrUnauthenticated)
+	require.Equal(t, codes.Unauthenticated, status.Code(err))
 }
 
 // TestAuthNotEnabled: a server with auth disabled is used without a token.
@@ -228,4 +221,35 @@ func TestAuthNotEnabled(t *testing.T) {
 	require.NoError(t, err)
 	streams, _ := a.seen()
 	require.Equal(t, []string{""}, streams)
+}
+
+// TestAuthTokenDroppedForGeneratedClient: a Watch stream of etcd's
+// generated client, not a Stream's, also drops a token the server refuses
+// for a create, so the next stream carries a new one.
+func TestAuthTokenDroppedForGeneratedClient(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	conn := dialAuth(t, a, "pw")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	watch := pb.NewWatchClient(conn)
+	create := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("a")}}}
+
+	first, err := watch.Watch(ctx)
+	require.NoError(t, err)
+	a.expire()
+	require.NoError(t, first.Send(create))
+	resp, err := first.Recv()
+	require.NoError(t, err)
+	require.True(t, resp.Canceled, "the server refused the create")
+	require.Equal(t, rpctypes.ErrGRPCInvalidAuthToken.Error(), resp.CancelReason)
+
+	second, err := watch.Watch(ctx)
+	require.NoError(t, err)
+	require.NoError(t, second.Send(create))
+	resp, err = second.Recv()
+	require.NoError(t, err)
+	require.False(t, resp.Canceled, "the create on a new token: %s", resp.CancelReason)
+	streams, _ := a.seen()
+	require.Equal(t, []string{"tok1", "tok2"}, streams)
+	require.Equal(t, 2, a.authenticated())
 }

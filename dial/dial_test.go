@@ -1,4 +1,4 @@
-package etcdwatch_test
+package dial_test
 
 import (
 	"context"
@@ -24,12 +24,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 )
 
-// TestDialEndpoints: Dial takes host:port with or without a scheme, and
+// TestEndpoints: New takes host:port with or without a scheme, and
 // refuses an endpoint it would have to guess the port of.
-func TestDialEndpoints(t *testing.T) {
-	plain := grpc.WithTransportCredentials(insecure.NewCredentials())
+func TestEndpoints(t *testing.T) {
+	plain := dial.WithInsecure()
 	for _, tc := range []struct {
 		endpoint string
 		ok       bool
@@ -38,7 +39,7 @@ func TestDialEndpoints(t *testing.T) {
 		{"localhost:2379", true},
 		{"[::1]:2379", true},
 		{"http://127.0.0.1:2379", true},
-		{"https://etcd.example:2379", false}, // TLS asked for, plain text given: see TestDialSecurity
+		{"https://etcd.example:2379", false}, // TLS asked for, plain text given: see TestSecurity
 		{"unix://etcd:2379", false},
 		{"", false},
 		{"localhost", false},
@@ -48,7 +49,7 @@ func TestDialEndpoints(t *testing.T) {
 		{"localhost:70000", false},
 		{"http://", false},
 	} {
-		conn, err := etcdwatch.Dial([]string{"127.0.0.1:2379", tc.endpoint}, plain)
+		conn, err := dial.New([]string{"127.0.0.1:2379", tc.endpoint}, plain)
 		if tc.ok {
 			require.NoError(t, err, tc.endpoint)
 			require.NoError(t, conn.Close())
@@ -57,43 +58,57 @@ func TestDialEndpoints(t *testing.T) {
 		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, "endpoint %q", tc.endpoint)
 		require.Contains(t, err.Error(), tc.endpoint)
 	}
-	_, err := etcdwatch.Dial(nil, plain)
+	_, err := dial.New(nil, plain)
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 }
 
-// TestDialSecurity: the endpoints' schemes and the transport security must
-// agree; Dial's own options are checked before anything is dialed.
-func TestDialSecurity(t *testing.T) {
+// TestSecurity: the endpoints' schemes and the transport security must
+// agree; the options are checked before anything is dialed. Plain text
+// given as gRPC credentials is caught as WithInsecure is, and WithInsecure
+// conflicts with TLS.
+func TestSecurity(t *testing.T) {
 	certs := newTestCerts(t, "localhost", "127.0.0.1")
-	plain := grpc.WithTransportCredentials(insecure.NewCredentials())
-	tlsCreds := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.pool}))
+	plain := dial.WithGRPCOptions(grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tlsCreds := dial.WithGRPCOptions(grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: certs.pool})))
 	for _, tc := range []struct {
 		name      string
 		endpoints []string
-		opts      []grpc.DialOption
+		opts      []dial.Option
 		refused   string // a fragment of the error; "" for none
 	}{
-		{"https with WithTLS", []string{"https://localhost:2379", "127.0.0.1:2380"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, ""},
-		{"https with gRPC TLS credentials", []string{"https://localhost:2379"}, []grpc.DialOption{tlsCreds}, ""},
-		{"https with WithTLSFiles", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.caFile, "", "")}, ""},
-		{"client certificate", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, certs.keyFile)}, ""},
-		{"http plain", []string{"http://localhost:2379", "localhost:2380"}, []grpc.DialOption{plain}, ""},
-		{"no scheme with WithTLS", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, ""},
-		{"password", []string{"localhost:2379"}, []grpc.DialOption{plain, etcdwatch.WithPassword("u", "")}, ""},
+		{"https with WithTLS", []string{"https://localhost:2379", "127.0.0.1:2380"}, []dial.Option{dial.WithTLS(nil)}, ""},
+		{"https with gRPC TLS credentials", []string{"https://localhost:2379"}, []dial.Option{tlsCreds}, ""},
+		{"https with WithTLSFiles", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.caFile, "", "")}, ""},
+		{"client certificate", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLSFiles("", certs.certFile, certs.keyFile)}, ""},
+		{"http plain", []string{"http://localhost:2379", "localhost:2380"}, []dial.Option{plain}, ""},
+		{"no scheme with WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithTLS(nil)}, ""},
+		{"password", []string{"localhost:2379"}, []dial.Option{plain, dial.WithPassword("u", "")}, ""},
 
-		{"https with plain text", []string{"localhost:2379", "https://localhost:2380"}, []grpc.DialOption{plain}, `"https://localhost:2380" asks for TLS`},
-		{"https, WithTLS overridden by plain text", []string{"https://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil), plain}, "asks for TLS"},
-		{"http with WithTLS", []string{"http://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, `"http://localhost:2379" asks for plain text, but WithTLS`},
-		{"http with WithTLSFiles", []string{"http://localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.caFile, "", "")}, "WithTLSFiles was given"},
-		{"mixed schemes", []string{"http://localhost:2379", "https://localhost:2380"}, []grpc.DialOption{etcdwatch.WithTLS(nil)}, "http:// and https:// cannot share"},
+		{"https with plain text", []string{"localhost:2379", "https://localhost:2380"}, []dial.Option{plain}, `"https://localhost:2380" asks for TLS`},
+		{"https, WithTLS overridden by plain text", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLS(nil), plain}, "asks for TLS"},
+		{"http with WithTLS", []string{"http://localhost:2379"}, []dial.Option{dial.WithTLS(nil)}, `"http://localhost:2379" asks for plain text, but WithTLS`},
+		{"http with WithTLSFiles", []string{"http://localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.caFile, "", "")}, "WithTLSFiles was given"},
+		{"mixed schemes", []string{"http://localhost:2379", "https://localhost:2380"}, []dial.Option{dial.WithTLS(nil)}, "http:// and https:// cannot share"},
 		{"no transport security", []string{"localhost:2379"}, nil, "no transport security"},
-		{"missing CA file", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(filepath.Join(t.TempDir(), "none.pem"), "", "")}, "none.pem"},
-		{"CA file without PEM", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles(certs.keyFile+".txt", "", "")}, "no PEM certificate"},
-		{"certificate without key", []string{"localhost:2379"}, []grpc.DialOption{etcdwatch.WithTLSFiles("", certs.certFile, "")}, "both certFile and keyFile"},
-		{"empty user", []string{"localhost:2379"}, []grpc.DialOption{plain, etcdwatch.WithPassword("", "pw")}, "WithPassword needs a user name"},
+		{"missing CA file", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(filepath.Join(t.TempDir(), "none.pem"), "", "")}, "none.pem"},
+		{"CA file without PEM", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.keyFile+".txt", "", "")}, "no PEM certificate"},
+		{"certificate without key", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles("", certs.certFile, "")}, "both certFile and keyFile"},
+		{"empty user", []string{"localhost:2379"}, []dial.Option{plain, dial.WithPassword("", "pw")}, "WithPassword needs a user name"},
+
+		// WithInsecure is plain text said explicitly: refused beside TLS,
+		// whichever comes first, and with an https:// endpoint.
+		{"WithInsecure, no scheme", []string{"localhost:2379", "127.0.0.1:2380"}, []dial.Option{dial.WithInsecure()}, ""},
+		{"WithInsecure, http", []string{"http://localhost:2379", "localhost:2380"}, []dial.Option{dial.WithInsecure()}, ""},
+		{"WithInsecure twice", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithInsecure()}, ""},
+		{"WithInsecure, https", []string{"https://localhost:2379"}, []dial.Option{dial.WithInsecure()}, `endpoint "https://localhost:2379" asks for TLS, but WithInsecure was given`},
+		{"WithInsecure, https among others", []string{"localhost:2379", "https://localhost:2380"}, []dial.Option{dial.WithInsecure()}, `"https://localhost:2380" asks for TLS, but WithInsecure`},
+		{"WithInsecure then WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithInsecure(), dial.WithTLS(nil)}, "WithInsecure and WithTLS were both given"},
+		{"WithInsecure after WithTLS", []string{"localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
+		{"WithInsecure with WithTLSFiles", []string{"localhost:2379"}, []dial.Option{dial.WithTLSFiles(certs.caFile, "", ""), dial.WithInsecure()}, "WithInsecure and WithTLSFiles were both given"},
+		{"WithInsecure and WithTLS, https", []string{"https://localhost:2379"}, []dial.Option{dial.WithTLS(nil), dial.WithInsecure()}, "WithInsecure and WithTLS were both given"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, err := etcdwatch.Dial(tc.endpoints, tc.opts...)
+			conn, err := dial.New(tc.endpoints, tc.opts...)
 			if tc.refused == "" {
 				require.NoError(t, err)
 				require.NoError(t, conn.Close())
@@ -101,17 +116,18 @@ func TestDialSecurity(t *testing.T) {
 			}
 			require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 			require.ErrorContains(t, err, tc.refused)
+			require.Nil(t, conn)
 		})
 	}
 }
 
-// TestDialVerifiesEachMemberByItsHost: three members behind one certificate
+// TestVerifiesEachMemberByItsHost: three members behind one certificate
 // for localhost and 127.0.0.1, named both ways, are all reached (each
 // answers a unary RPC with its own member id), each verified against the
 // host of its own endpoint: the localhost ones were asked for that name
 // (SNI), the IP one for none. A member whose certificate does not name its
 // host is refused.
-func TestDialVerifiesEachMemberByItsHost(t *testing.T) {
+func TestVerifiesEachMemberByItsHost(t *testing.T) {
 	certs := newTestCerts(t, "localhost", "127.0.0.1")
 	var members []*tlsMember
 	for i := range 3 {
@@ -122,7 +138,7 @@ func TestDialVerifiesEachMemberByItsHost(t *testing.T) {
 		"https://127.0.0.1:" + members[1].port,
 		"localhost:" + members[2].port,
 	}
-	conn, err := etcdwatch.Dial(endpoints, etcdwatch.WithTLS(&tls.Config{RootCAs: certs.pool}))
+	conn, err := dial.New(endpoints, dial.WithTLS(&tls.Config{RootCAs: certs.pool}))
 	require.NoError(t, err)
 	defer conn.Close()
 	seen := map[uint64]bool{}
@@ -140,7 +156,7 @@ func TestDialVerifiesEachMemberByItsHost(t *testing.T) {
 
 	wrong := newTestCerts(t, "localhost") // no IP address in it
 	m := startTLSMember(t, 9, wrong.server)
-	conn, err = etcdwatch.Dial([]string{"https://127.0.0.1:" + m.port}, etcdwatch.WithTLS(&tls.Config{RootCAs: wrong.pool}))
+	conn, err = dial.New([]string{"https://127.0.0.1:" + m.port}, dial.WithTLS(&tls.Config{RootCAs: wrong.pool}))
 	require.NoError(t, err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -179,15 +195,7 @@ func startTLSMember(t *testing.T, id uint64, cert tls.Certificate) *tlsMember {
 	}
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(cfg)))
 	pb.RegisterMaintenanceServer(srv, m)
-	served := make(chan struct{})
-	go func() { // exits when the server stops
-		defer close(served)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-served
-	})
+	serve(t, srv, lis)
 	return m
 }
 

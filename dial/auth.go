@@ -1,4 +1,4 @@
-package etcdwatch
+package dial
 
 import (
 	"context"
@@ -13,10 +13,16 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
-// WithPassword makes Dial authenticate as user with etcd's Auth RPC and
+// ErrAuthFailed: the server refused the user name or password given with
+// WithPassword. Such an error also matches etcdwatch.ErrUnauthenticated.
+var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
+
+// WithPassword makes New authenticate as user with etcd's Auth RPC and
 // attach the token it gets to every RPC on the connection (the "token"
 // metadata etcd reads). The first RPC, typically a Stream's Watch stream,
 // authenticates; a token the server refuses as invalid or expired ("invalid
@@ -29,15 +35,14 @@ import (
 //
 // A wrong user name or password is final: the RPC (for a Stream, its
 // first Watch stream, so every watch of the Stream) fails with an error
-// matching ErrAuthFailed and ErrUnauthenticated, whose gRPC code is
-// Unauthenticated. A server with auth disabled is used without a token.
+// matching ErrAuthFailed and etcdwatch.ErrUnauthenticated, whose gRPC code
+// is Unauthenticated. A server with auth disabled is used without a token.
 // Over plain text the password and token travel in clear, as with etcd's
-// own client. It is a Dial option; an empty user is invalid. Default: no
-// authentication.
-func WithPassword(user, password string) grpc.DialOption {
-	return dialOption{apply: func(s *dialSettings) {
+// own client. An empty user is invalid. Default: no authentication.
+func WithPassword(user, password string) Option {
+	return func(s *settings) {
 		s.auth = &tokenAuth{user: user, password: password, turn: make(chan struct{}, 1)}
-	}}
+	}
 }
 
 // authTimeout bounds one Authenticate call; authSpacing spaces out calls
@@ -98,11 +103,7 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error
 	wait := time.Until(a.failedAt.Add(authSpacing))
 	a.mu.Unlock()
 	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if err := clock.Sleep(ctx, clock.Real, wait); err != nil {
 			return "", status.FromContextError(ctx.Err()).Err()
 		}
 	}
@@ -188,25 +189,25 @@ func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 // tokenWatchStream is a Watch stream that drops its token from the
 // connection when the server refuses a create for it. It does so in
 // RecvMsg, before the Stream's dispatcher sees the refusal: the new stream
-// the dispatcher then opens (see handleRefused) authenticates afresh.
+// the Stream then opens authenticates afresh.
 type tokenWatchStream struct {
 	grpc.ClientStream
 	auth  *tokenAuth
 	token string
 }
 
+// canceledResponse is a Watch response read through the getters of etcd's
+// generated *pb.WatchResponse, which a Stream's own response type has too.
+type canceledResponse interface {
+	GetCanceled() bool
+	GetCancelReason() string
+}
+
 func (s *tokenWatchStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	var reason string
-	switch r := m.(type) {
-	case *wireResponse: // a Stream's
-		if r.Canceled {
-			reason = r.CancelReason
-		}
-	case *pb.WatchResponse: // etcd's generated client's
-		if r.Canceled {
-			reason = r.CancelReason
-		}
+	if r, ok := m.(canceledResponse); ok && r.GetCanceled() {
+		reason = r.GetCancelReason()
 	}
 	if err != nil {
 		reason = status.Convert(err).Message()
@@ -220,7 +221,7 @@ func (s *tokenWatchStream) RecvMsg(m any) error {
 // refusedToken reports whether a server's reason refuses the caller's
 // token (invalid or expired, or older than the auth store).
 func refusedToken(reason string) bool {
-	return errors.Is(classifyReason(reason), ErrUnauthenticated)
+	return rpcerr.Classify(reason) == rpcerr.Unauthenticated
 }
 
 func withToken(ctx context.Context, tok string) context.Context {
@@ -231,7 +232,7 @@ func withToken(ctx context.Context, tok string) context.Context {
 }
 
 // authError is a user name or password the server refused. It matches
-// ErrAuthFailed and ErrUnauthenticated, and its gRPC code is
+// ErrAuthFailed and etcdwatch.ErrUnauthenticated, and its gRPC code is
 // Unauthenticated, which ends a Stream's watches rather than retrying.
 type authError struct {
 	user, reason string
@@ -241,7 +242,7 @@ func (e *authError) Error() string {
 	return "etcdwatch: authentication failed for user " + e.user + ": " + e.reason
 }
 
-func (e *authError) Unwrap() []error { return []error{ErrAuthFailed, ErrUnauthenticated} }
+func (e *authError) Unwrap() []error { return []error{ErrAuthFailed, etcdwatch.ErrUnauthenticated} }
 
 // GRPCStatus gives the error's gRPC code, for status.Code and the Stream.
 func (e *authError) GRPCStatus() *status.Status { return status.New(codes.Unauthenticated, e.Error()) }
