@@ -30,7 +30,7 @@ type wireResponse struct {
 }
 
 // GetCanceled and GetCancelReason are the getters of etcd's generated
-// WatchResponse, so that a stream interceptor on the connection (Dial's
+// WatchResponse, so that a stream interceptor on the connection (package dial's
 // auth, say) reads a Stream's responses as it reads the generated client's.
 func (r *wireResponse) GetCanceled() bool       { return r.Canceled }
 func (r *wireResponse) GetCancelReason() string { return r.CancelReason }

@@ -40,7 +40,7 @@
 //   - Watches outlive gRPC streams: a stream that fails for a reason a new
 //     stream can cure, or goes silent (WithLiveness), is replaced, at once
 //     if it had worked (see WithReconnectBackoff), and every watch is
-//     re-created from its next revision. Dial builds a connection over
+//     re-created from its next revision. Package dial builds a connection over
 //     several members for failover.
 //
 // # Views

@@ -145,7 +145,7 @@ func WithConnectRetry(interval time.Duration) Option {
 // An idle of 0 turns the checks off. Default 30s and 10s.
 //
 // A probe cannot repair a TCP connection that no longer carries packets:
-// dial with gRPC keepalive for that (Dial does).
+// dial with gRPC keepalive for that (package dial does).
 func WithLiveness(idle, timeout time.Duration) Option {
 	return func(o *options) { o.livenessIdle, o.livenessTimeout = idle, timeout }
 }

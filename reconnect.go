@@ -238,7 +238,7 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 // reached 2s late. While a stream has heard nothing yet and its connection
 // is in TRANSIENT_FAILURE, the connection's backoff is reset every interval,
 // so that it tries again at once. A connection with other ready addresses
-// (Dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
+// (package dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
 // left alone. Owned by the dispatcher.
 type connHurry struct {
 	conn     Connectivity // nil: the connection cannot be hurried, or WithConnectRetry(0)
