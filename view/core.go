@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"context"
@@ -8,27 +8,29 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/cow"
 )
 
-// viewCore is the state that Views of one range share, and the goroutine
+// core is the state that Views of one range share, and the goroutine
 // that keeps it: run lists the range, watches it, applies the watch's
 // responses and lists again when the watch cannot go on. Readers take the
 // published Snapshot, which never changes; subscribers read the history.
-type viewCore[T any] struct {
-	stream *Stream
-	req    Request // the range, watched with bookmarks and fragments
+type core[T any] struct {
+	src    Source
+	req    etcdwatch.Request // the range, watched with bookmarks and fragments
 	decode Decoder[T]
-	opts   viewOptions
+	opts   options
 	log    *slog.Logger
 	list   *lister // run's
 	reads  *lister // the integrity check's and Sync's
 
 	snap  atomic.Pointer[Snapshot[T]] // the published state; stored under hist.mu
 	hist  history[T]
-	stats viewCounters
+	stats counters
 
-	ctx    context.Context // ends the state: the last View closed, or the Stream
+	ctx    context.Context // ends the state: the last View closed, the Source's Context ended, or refused
 	cancel context.CancelCauseFunc
 	ready  chan struct{} // closed once the first state is published and watched, or when the state ended first
 	done   chan struct{} // closed once every goroutine of the state has returned
@@ -38,78 +40,104 @@ type viewCore[T any] struct {
 	asking atomic.Bool // a bookmark request is in flight
 	noAsk  atomic.Bool // the server's progress answers are unsafe: never ask
 
-	key  viewKey // guarded by the Stream's registry mutex
-	refs int     // Views of this state; likewise
+	mu    sync.Mutex
+	views map[*View[T]]struct{} // the Views of this state; nil once it has ended. Guarded by mu
 
 	// Owned by run.
 	ed      *cow.Editor[*Entry[T]]
 	rev     int64
 	from    int64 // Revision of the last batch kept, or of the first listing: the next batch's From
 	bytes   int64
-	w       *Watch
-	backoff backoff
+	w       *etcdwatch.Watch
 	isReady bool
 }
 
-type viewCounters struct {
-	relists, resyncs, decodeErrors atomic.Uint64
-	checks, mismatches             atomic.Uint64
-}
-
-func newViewCore[T any](s *Stream, r Request, decode Decoder[T], o viewOptions) *viewCore[T] {
-	// The state's context ends with the Stream's (cause ErrClosed), or when
-	// the last View goes (ErrViewClosed).
-	ctx, cancel := context.WithCancelCause(s.base)
-	c := &viewCore[T]{
-		stream:  s,
-		req:     Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
-		decode:  decode,
-		opts:    o,
-		log:     s.opts.logger.With("view", r.String()),
-		list:    newLister(s, r.Key, r.End, o.pageSize),
-		reads:   newLister(s, r.Key, r.End, o.pageSize),
-		ctx:     ctx,
-		cancel:  cancel,
-		ready:   make(chan struct{}),
-		done:    make(chan struct{}),
-		repair:  make(chan struct{}, 1),
-		backoff: backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
+func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o options) *core[T] {
+	// The state's context ends with the Source's, or when the last View
+	// goes (ErrClosed).
+	ctx, cancel := context.WithCancelCause(src.Context())
+	c := &core[T]{
+		src:    src,
+		req:    etcdwatch.Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
+		decode: decode,
+		opts:   o,
+		log:    src.Logger().With("view", r.String()),
+		list:   newLister(src, r.Key, r.End, o.pageSize),
+		reads:  newLister(src, r.Key, r.End, o.pageSize),
+		ctx:    ctx,
+		cancel: cancel,
+		ready:  make(chan struct{}),
+		done:   make(chan struct{}),
+		repair: make(chan struct{}, 1),
+		views:  make(map[*View[T]]struct{}),
 	}
 	c.hist.init(int64(o.historyBytes))
 	return c
 }
 
+// join returns a new View of the state, or nil if from (nil for the first
+// View) is no View of it any more: closed, or the state has ended.
+func (c *core[T]) join(from *View[T]) *View[T] {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.views[from]; (from != nil && !ok) || c.views == nil {
+		return nil
+	}
+	v := &View[T]{core: c, done: make(chan struct{})}
+	v.ctx, v.cancel = context.WithCancelCause(c.ctx)
+	c.views[v] = struct{}{}
+	return v
+}
+
+// leave forgets v, whose ctx has ended, and closes v.done. The last View to
+// leave ends the state and first waits for its goroutines. A View the
+// state's end has already taken is left to finish, which closes its done.
+func (c *core[T]) leave(v *View[T]) {
+	c.mu.Lock()
+	_, held := c.views[v]
+	delete(c.views, v)
+	last := held && len(c.views) == 0
+	c.mu.Unlock()
+	if !held {
+		return
+	}
+	if last {
+		c.cancel(ErrClosed)
+		<-c.done
+	}
+	close(v.done)
+}
+
 // start runs the state until it ends, then ends its tasks and tells every
-// reader, waiter and subscriber why.
-func (c *viewCore[T]) start() {
+// View, reader, waiter and subscriber why.
+func (c *core[T]) start() {
 	err := c.run()
 	c.cancel(err)
 	c.tasks.Wait()
 	c.finish(err)
 }
 
-// endBeforeStart ends a state that never ran.
-func (c *viewCore[T]) endBeforeStart(err error) {
-	c.cancel(err)
-	c.finish(err)
-}
-
-func (c *viewCore[T]) finish(err error) {
+// finish records why the state ended, wakes its waiters and subscribers,
+// and ends every View still of it: their ctx ended with the state's.
+func (c *core[T]) finish(err error) {
 	c.err = err
 	c.hist.end()
 	close(c.done)
 	if !c.isReady {
 		close(c.ready)
 	}
+	c.mu.Lock()
+	views := c.views
+	c.views = nil
+	c.mu.Unlock()
+	for v := range views {
+		close(v.done)
+	}
 }
-
-// ended reports whether the state has ended or is ending: its context is
-// canceled before done is closed. Called under the registry's lock.
-func (c *viewCore[T]) ended() bool { return c.ctx.Err() != nil }
 
 // failed returns why the state ended before it was first published; nil
 // once it was. Call after ready is closed.
-func (c *viewCore[T]) failed() error {
+func (c *core[T]) failed() error {
 	if c.snap.Load() != nil {
 		return nil
 	}
@@ -118,7 +146,7 @@ func (c *viewCore[T]) failed() error {
 }
 
 // run lists and follows the range until the state ends, and returns why.
-func (c *viewCore[T]) run() error {
+func (c *core[T]) run() error {
 	for {
 		if err := c.relist(); err != nil {
 			return err
@@ -137,12 +165,12 @@ func (c *viewCore[T]) run() error {
 }
 
 // relist lists the range and watches it from the revision listed, trying
-// again after a delay while the listing fails for a reason that may pass.
-func (c *viewCore[T]) relist() error {
-	for {
+// again after the Source's RetryDelay while the listing fails for a reason
+// that may pass.
+func (c *core[T]) relist() error {
+	for failures := 1; ; failures++ {
 		err := c.listAndWatch()
 		if err == nil {
-			c.backoff.failures = 0
 			return nil
 		}
 		if cause := context.Cause(c.ctx); cause != nil {
@@ -151,41 +179,37 @@ func (c *viewCore[T]) relist() error {
 		if !relistRetryable(err) {
 			return err
 		}
-		delay := c.backoff.next(time.Now(), streamEnd{})
+		delay := c.src.RetryDelay(failures)
 		c.log.Info("etcdwatch: view listing failed; trying again", "err", err, "in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-c.ctx.Done():
-			t.Stop()
-			return context.Cause(c.ctx)
+		if err := clock.Sleep(c.ctx, clock.Real, delay); err != nil {
+			return err
 		}
 	}
 }
 
 // relistRetryable reports whether listAndWatch may succeed if tried again:
 // after a listing that failed for a reason that may pass, or a watch that
-// the Stream could not confirm within its WithCreateTimeout (its stream
-// down meanwhile). The watch's other errors are final: a refusal, the
-// Stream closed or failed for good.
+// the Source could not confirm in time (etcdwatch.ErrCreateTimeout: its
+// stream down meanwhile). The watch's other errors are final: a refusal,
+// the Source closed or failed for good.
 func relistRetryable(err error) bool {
 	var le *listError
 	if errors.As(err, &le) {
 		return listRetryable(le.err)
 	}
-	return errors.Is(err, ErrCreateTimeout)
+	return errors.Is(err, etcdwatch.ErrCreateTimeout)
 }
 
 // listError is a failed listing, which relist may try again.
 type listError struct{ err error }
 
-func (e *listError) Error() string { return "etcdwatch: listing the view's range: " + e.err.Error() }
+func (e *listError) Error() string { return "etcdwatch/view: listing the range: " + e.err.Error() }
 func (e *listError) Unwrap() error { return e.err }
 
 // listAndWatch lists the range at a new revision R, comparing it with the
 // published state as it goes, watches from R, and publishes the new state
 // with the difference (none for the first listing).
-func (c *viewCore[T]) listAndWatch() error {
+func (c *core[T]) listAndWatch() error {
 	base := c.snap.Load()
 	first := base == nil
 	if first {
@@ -202,7 +226,7 @@ func (c *viewCore[T]) listAndWatch() error {
 	// is one the server deems waiting for a future revision, and etcd 3.5+
 	// then answers no progress request on the stream until the next write
 	// anywhere. Revision rev's events come again, and are skipped.
-	w, err := c.stream.Watch(c.ctx, c.req.FromRevision(rev))
+	w, err := c.src.Watch(c.ctx, c.req.FromRevision(rev))
 	if err != nil {
 		return err
 	}
@@ -222,7 +246,7 @@ func (c *viewCore[T]) listAndWatch() error {
 // follow applies the watch's responses until the watch cannot go on
 // (nil: list again) or the state ends (the reason). Applied steps are
 // published when the pacer says.
-func (c *viewCore[T]) follow() error {
+func (c *core[T]) follow() error {
 	var tick <-chan time.Time
 	if c.opts.bookmark > 0 {
 		t := time.NewTicker(c.opts.bookmark)
@@ -305,9 +329,9 @@ func (u *unpublished[T]) stop() {
 
 // watchEnded decides what the end of the watch means: a compacted history
 // is listed again; anything else ends the state.
-func (c *viewCore[T]) watchEnded() error {
+func (c *core[T]) watchEnded() error {
 	err := c.w.Err()
-	if errors.Is(err, ErrCompacted) {
+	if errors.Is(err, etcdwatch.ErrCompacted) {
 		c.log.Info("etcdwatch: view's history compacted; listing again", "revision", c.rev, "err", err)
 		return nil
 	}
@@ -321,7 +345,7 @@ func holdStep[T any](held []Batch[T], b Batch[T]) []Batch[T] {
 	switch n := len(held); {
 	case len(b.Changes) == 0:
 		return held
-	case n > 0 && len(held[n-1].Changes)+len(b.Changes) <= JoinLimit:
+	case n > 0 && len(held[n-1].Changes)+len(b.Changes) <= etcdwatch.JoinLimit:
 		last := &held[n-1]
 		last.Changes = append(last.Changes, b.Changes...)
 		last.Revision = b.Revision
@@ -367,7 +391,7 @@ func (p *pacer) published(now time.Time) { p.last, p.held = now, 0 }
 
 // apply applies one response's events to the editor, skipping revisions
 // already applied, so that a replay is harmless, and returns the step.
-func (c *viewCore[T]) apply(r Response) Batch[T] {
+func (c *core[T]) apply(r etcdwatch.Response) Batch[T] {
 	b := Batch[T]{Kind: Events, From: c.from}
 	for i := range r.Events {
 		ev := &r.Events[i]
@@ -378,9 +402,9 @@ func (c *viewCore[T]) apply(r Response) Batch[T] {
 			b.Changes = make([]Change[T], 0, len(r.Events)-i)
 		}
 		switch ev.Type {
-		case Put:
+		case etcdwatch.Put:
 			c.put(ev, &b)
-		case Delete:
+		case etcdwatch.Delete:
 			c.del(ev, &b)
 		}
 	}
@@ -392,7 +416,7 @@ func (c *viewCore[T]) apply(r Response) Batch[T] {
 	return b
 }
 
-func (c *viewCore[T]) put(ev *Event, b *Batch[T]) {
+func (c *core[T]) put(ev *etcdwatch.Event, b *Batch[T]) {
 	kv := &ev.KeyValue
 	key := string(kv.Key)
 	e := c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
@@ -406,7 +430,7 @@ func (c *viewCore[T]) put(ev *Event, b *Batch[T]) {
 	b.Changes = append(b.Changes, ch)
 }
 
-func (c *viewCore[T]) del(ev *Event, b *Batch[T]) {
+func (c *core[T]) del(ev *etcdwatch.Event, b *Batch[T]) {
 	old, ok := c.ed.Delete(string(ev.Key))
 	if !ok {
 		return
@@ -416,7 +440,7 @@ func (c *viewCore[T]) del(ev *Event, b *Batch[T]) {
 }
 
 // entry decodes a value into a new Entry; a decode error is kept in it.
-func (c *viewCore[T]) entry(key string, k, v []byte, create, mod, version, lease int64) *Entry[T] {
+func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int64) *Entry[T] {
 	val, err := c.decode(k, v)
 	if err != nil {
 		c.stats.decodeErrors.Add(1)
@@ -432,16 +456,16 @@ func (c *viewCore[T]) entry(key string, k, v []byte, create, mod, version, lease
 }
 
 // publish makes the editor's state the view's, with bs as the steps to it.
-func (c *viewCore[T]) publish(bs ...Batch[T]) {
+func (c *core[T]) publish(bs ...Batch[T]) {
 	if cur := c.snap.Load(); cur != nil && cur.rev == c.rev && len(bs) == 0 {
 		return // nothing moved
 	}
 	c.hist.publish(&c.snap, &Snapshot[T]{m: c.ed.Map(), rev: c.rev, bytes: c.bytes}, bs)
 }
 
-// askProgress asks the Stream for a bookmark in the background, one request
+// askProgress asks the Source for a bookmark in the background, one request
 // at a time, so that an idle range's revision keeps up with the store.
-func (c *viewCore[T]) askProgress() {
+func (c *core[T]) askProgress() {
 	if c.noAsk.Load() || !c.asking.CompareAndSwap(false, true) {
 		return
 	}
@@ -449,29 +473,8 @@ func (c *viewCore[T]) askProgress() {
 		defer c.asking.Store(false)
 		ctx, cancel := context.WithTimeout(c.ctx, max(c.opts.bookmark, time.Second))
 		defer cancel()
-		if _, err := c.stream.RequestProgress(ctx); errors.Is(err, ErrProgressUnsupported) {
+		if _, err := c.src.RequestProgress(ctx); errors.Is(err, etcdwatch.ErrProgressUnsupported) {
 			c.noAsk.Store(true) // the server's own notifications will do
 		}
 	})
-}
-
-func (c *viewCore[T]) statsNow() ViewStats {
-	s := c.snap.Load()
-	if s == nil {
-		s = &Snapshot[T]{}
-	}
-	subs, held := c.hist.size()
-	return ViewStats{
-		Keys:                s.Len(),
-		Bytes:               s.bytes,
-		Revision:            s.rev,
-		Lag:                 max(c.stream.stats.revision.Load()-s.rev, 0),
-		Relists:             c.stats.relists.Load(),
-		Resyncs:             c.stats.resyncs.Load(),
-		DecodeErrors:        c.stats.decodeErrors.Load(),
-		IntegrityChecks:     c.stats.checks.Load(),
-		IntegrityMismatches: c.stats.mismatches.Load(),
-		Subscribers:         subs,
-		HistoryBytes:        held,
-	}
 }

@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -13,7 +13,7 @@ import (
 // entry: it is neither decoded again nor reported. A merge walks the two;
 // the differ is its outcomes. Owned by the goroutine listing.
 type differ[T any] struct {
-	c      *viewCore[T]
+	c      *core[T]
 	walk   *merge[*Entry[T]]
 	ed     *cow.Editor[*Entry[T]]
 	bytes  int64
@@ -23,7 +23,7 @@ type differ[T any] struct {
 	changes []Change[T] // their Revision is the listing's, known at its end
 }
 
-func newDiffer[T any](c *viewCore[T], base *Snapshot[T], record bool) *differ[T] {
+func newDiffer[T any](c *core[T], base *Snapshot[T], record bool) *differ[T] {
 	d := &differ[T]{c: c, ed: base.m.Edit(), bytes: base.bytes, record: record, build: base.Len() == 0}
 	d.walk = newMerge(base.m.All(), d)
 	return d

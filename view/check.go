@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"time"
@@ -10,7 +10,7 @@ import (
 
 // checkLoop compares the view with the server every integrity interval,
 // until the state ends.
-func (c *viewCore[T]) checkLoop() {
+func (c *core[T]) checkLoop() {
 	t := time.NewTicker(c.opts.integrity)
 	defer t.Stop()
 	for {
@@ -29,7 +29,7 @@ const maxReported = 8
 // checkOnce compares the published state with a listing of the range at
 // its revision, keys and revisions only: a key's ModRevision names its
 // value. A mismatch asks run to list again.
-func (c *viewCore[T]) checkOnce() {
+func (c *core[T]) checkOnce() {
 	s := c.snap.Load()
 	diff, err := c.compare(s)
 	switch {
@@ -55,7 +55,7 @@ func (c *viewCore[T]) checkOnce() {
 
 // compare lists the range at s's revision and returns the keys (up to
 // maxReported) whose presence or revisions differ from s.
-func (c *viewCore[T]) compare(s *Snapshot[T]) ([]string, error) {
+func (c *core[T]) compare(s *Snapshot[T]) ([]string, error) {
 	var cmp comparison[T]
 	walk := newMerge(s.m.All(), &cmp)
 	defer walk.stop()

@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/etcdwatch/etcdwatch"
 )
 
 // kvAt is a listed key: its create and mod revisions.
@@ -16,7 +18,7 @@ type kvAt struct {
 	create, mod int64
 }
 
-func stateOf(c *viewCore[[]byte], kvs ...kvAt) *Snapshot[[]byte] {
+func stateOf(c *core[[]byte], kvs ...kvAt) *Snapshot[[]byte] {
 	ed := (&Snapshot[[]byte]{}).m.Edit()
 	bytes := int64(0)
 	for _, kv := range kvs {
@@ -48,7 +50,7 @@ func TestDiffer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			decoded := 0
-			c := &viewCore[[]byte]{log: slog.New(slog.DiscardHandler), decode: func(_, v []byte) ([]byte, error) { decoded++; return v, nil }}
+			c := &core[[]byte]{log: slog.New(slog.DiscardHandler), decode: func(_, v []byte) ([]byte, error) { decoded++; return v, nil }}
 			base := stateOf(c, tc.base...)
 			decoded = 0
 			d := newDiffer(c, base, true)
@@ -125,25 +127,6 @@ func TestTrim(t *testing.T) {
 	require.Equal(t, b, trim(b, 3))
 }
 
-func decodeA(_, v []byte) (string, error) { return string(v), nil }
-func decodeB(_, v []byte) (string, error) { return string(v), nil }
-
-// TestFuncID: views share a state only when they decode with the same
-// function value; closures that captured different variables differ.
-func TestFuncID(t *testing.T) {
-	require.Equal(t, funcID(decodeA), funcID(decodeA))
-	require.NotEqual(t, funcID(decodeA), funcID(decodeB))
-	require.Equal(t, funcID(DecodeJSON[map[string]int]), funcID(DecodeJSON[map[string]int]))
-	require.NotEqual(t, funcID(DecodeJSON[map[string]int]), funcID(DecodeJSON[[]int]))
-	suffix := func(s string) Decoder[string] {
-		return func(_, v []byte) (string, error) { return string(v) + s, nil }
-	}
-	x, y := suffix("x"), suffix("y")
-	require.NotEqual(t, funcID(x), funcID(y))
-	z := x
-	require.Equal(t, funcID(x), funcID(z))
-}
-
 // TestPacer: a response after a quiet spell is published at once; while
 // responses keep coming they wait for the gap since the last publication,
 // or until maxHeld of them wait.
@@ -177,7 +160,7 @@ func TestPacer(t *testing.T) {
 	require.NotZero(t, p.applied(t0), "published resets the count")
 }
 
-// TestHoldStep: small steps held for publication are joined, up to JoinLimit
+// TestHoldStep: small steps held for publication are joined, up to etcdwatch.JoinLimit
 // changes, into one step from the first's From to the last's Revision.
 func TestHoldStep(t *testing.T) {
 	step := func(from, n int) Batch[[]byte] {
@@ -191,7 +174,7 @@ func TestHoldStep(t *testing.T) {
 	require.EqualValues(t, 1, held[0].From)
 	require.EqualValues(t, 3, held[0].Revision)
 	require.Len(t, held[0].Changes, 2)
-	held = holdStep(held, step(3, JoinLimit-1))
-	require.Len(t, held, 2, "past JoinLimit changes a step is kept apart")
+	held = holdStep(held, step(3, etcdwatch.JoinLimit-1))
+	require.Len(t, held, 2, "past etcdwatch.JoinLimit changes a step is kept apart")
 	require.EqualValues(t, 3, held[1].From)
 }

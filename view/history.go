@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func (h *history[T]) size() (subs int, bytes int64) {
 // View.Subscribe. Next is for one goroutine at a time; Close may be called
 // from any.
 type Subscription[T any] struct {
-	c       *viewCore[T]
+	c       *core[T]
 	closed  chan struct{}
 	once    sync.Once
 	onClose func() // tells the View; set by View.Subscribe
@@ -115,7 +115,7 @@ type Subscription[T any] struct {
 	asked  bool   // that Resync was asked for, not caused by falling behind
 }
 
-func (c *viewCore[T]) subscribe(fromRev int64) *Subscription[T] {
+func (c *core[T]) subscribe(fromRev int64) *Subscription[T] {
 	h := &c.hist
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -132,7 +132,7 @@ func (c *viewCore[T]) subscribe(fromRev int64) *Subscription[T] {
 
 // Next returns the next batch, waiting for one until ctx ends. Once the view
 // has ended, it returns what the view published before, then the view's Err;
-// after Close, ErrViewClosed.
+// after Close, ErrClosed.
 func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 	for {
 		b, wait, err := s.poll()
@@ -144,7 +144,7 @@ func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 		case <-ctx.Done():
 			return Batch[T]{}, context.Cause(ctx)
 		case <-s.closed:
-			return Batch[T]{}, ErrViewClosed
+			return Batch[T]{}, ErrClosed
 		}
 	}
 }
@@ -153,7 +153,7 @@ func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 	select {
 	case <-s.closed:
-		return Batch[T]{}, nil, ErrViewClosed
+		return Batch[T]{}, nil, ErrClosed
 	default:
 	}
 	h := &s.c.hist
@@ -211,7 +211,7 @@ func trim[T any](b Batch[T], from int64) Batch[T] {
 	return b
 }
 
-// Close ends the subscription: Next returns ErrViewClosed. It is idempotent.
+// Close ends the subscription: Next returns ErrClosed. It is idempotent.
 func (s *Subscription[T]) Close() {
 	s.end()
 	if s.onClose != nil {
