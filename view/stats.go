@@ -1,7 +1,5 @@
 package view
 
-import "sync/atomic"
-
 // Stats is a snapshot of a view's counters. Counts are totals since the
 // view started; the others are current values.
 type Stats struct {
@@ -16,31 +14,4 @@ type Stats struct {
 	IntegrityMismatches uint64 // comparisons that found the view wrong, each repaired by a relist
 	Subscribers         int    // open subscriptions
 	HistoryBytes        int64  // bytes of changes kept for subscribers
-}
-
-// counters are written by the state's goroutines and read by Stats.
-type counters struct {
-	relists, resyncs, decodeErrors atomic.Uint64
-	checks, mismatches             atomic.Uint64
-}
-
-func (c *core[T]) statsNow() Stats {
-	s := c.snap.Load()
-	if s == nil {
-		s = &Snapshot[T]{}
-	}
-	subs, held := c.hist.size()
-	return Stats{
-		Keys:                s.Len(),
-		Bytes:               s.bytes,
-		Revision:            s.rev,
-		Lag:                 max(c.src.Stats().Revision-s.rev, 0),
-		Relists:             c.stats.relists.Load(),
-		Resyncs:             c.stats.resyncs.Load(),
-		DecodeErrors:        c.stats.decodeErrors.Load(),
-		IntegrityChecks:     c.stats.checks.Load(),
-		IntegrityMismatches: c.stats.mismatches.Load(),
-		Subscribers:         subs,
-		HistoryBytes:        held,
-	}
 }

@@ -2,7 +2,6 @@ package view
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"sync"
@@ -28,7 +27,7 @@ type View[T any] struct {
 	cancel context.CancelCauseFunc
 	// done is closed once ctx has ended and no goroutine works for this
 	// View any more: by core.leave at Close, or by core.finish when the
-	// state ends.
+	// state ends. It is this View's hold on the state (core.join).
 	done chan struct{}
 	once sync.Once // Close's
 
@@ -64,7 +63,7 @@ func New[T any](ctx context.Context, src Source, r etcdwatch.Request, decode Dec
 		return nil, err
 	}
 	c := newCore(src, r, decode, o)
-	v := c.join(nil)
+	v := newView(c, c.join(nil))
 	go c.start() // returns when the state ends: its last View closed, src's Context ended, or refused for good; that Close waits for it, and every View's Done closes after it
 	select {
 	case <-c.ready:
@@ -77,6 +76,13 @@ func New[T any](ctx context.Context, src Source, r etcdwatch.Request, decode Dec
 		v.Close()
 		return nil, src.State().Explain(context.Cause(ctx))
 	}
+}
+
+// newView returns a View of c that holds it by done, from c.join.
+func newView[T any](c *core[T], done chan struct{}) *View[T] {
+	v := &View[T]{core: c, done: done}
+	v.ctx, v.cancel = context.WithCancelCause(c.ctx)
+	return v
 }
 
 func checkArgs(src Source, r etcdwatch.Request, noDecode bool, o options) error {
@@ -206,8 +212,8 @@ func (v *View[T]) forget(sub *Subscription[T]) {
 // own. The state lives until every View of it is closed. Share of a View
 // that has ended (or is closing) returns a View ended with the same error.
 func (v *View[T]) Share() *View[T] {
-	if u := v.core.join(v); u != nil {
-		return u
+	if done := v.core.join(v.done); done != nil {
+		return newView(v.core, done)
 	}
 	return v.endedCopy()
 }
@@ -239,12 +245,8 @@ func (v *View[T]) Close() error {
 		for sub := range subs {
 			sub.end()
 		}
-		v.core.leave(v)
+		v.core.leave(v.done)
 	})
 	<-v.done
 	return nil
 }
-
-// ErrClosed ends a View after Close, and a Subscription after its own
-// Close or its View's.
-var ErrClosed = errors.New("etcdwatch/view: view closed")
