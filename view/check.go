@@ -28,7 +28,7 @@ const maxReported = 8
 
 // checkOnce compares the published state with a listing of the range at
 // its revision, keys and revisions only: a key's ModRevision names its
-// value. A mismatch asks run to list again.
+// value. A mismatch asks the runner to list again.
 func (c *core[T]) checkOnce() {
 	s := c.snap.Load()
 	diff, err := c.compare(s)

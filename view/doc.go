@@ -17,8 +17,7 @@
 // # Concurrency
 //
 // Every method of View and Snapshot is safe for concurrent use; a
-// Subscription's Next is for one goroutine at a time, its Close for any. A
-// View runs one goroutine for its state (two with WithIntegrityCheck, and
-// one while it asks for a bookmark); its Done is closed once they have
-// returned.
+// Subscription's Next is for one goroutine at a time, its Close for any.
+// A View's state runs one goroutine (one more with WithIntegrityCheck, and
+// one while it asks for a bookmark); Done is closed once they have returned.
 package view

@@ -7,7 +7,8 @@ import (
 )
 
 // Snapshot is a view's state at one revision. It never changes, and reading
-// it never holds the view up.
+// it never holds the view up; its methods are safe for concurrent use. The
+// zero Snapshot is empty, at revision 0.
 type Snapshot[T any] struct {
 	m     cow.Map[*Entry[T]]
 	rev   int64

@@ -7,8 +7,9 @@ import (
 )
 
 // Subscription is one subscriber's cursor into a view's batches, from
-// View.Subscribe. Next is for one goroutine at a time; Close may be called
-// from any.
+// View.Subscribe (the zero Subscription is not usable). Its batches come
+// in revision order. Next is for one goroutine at a time; Close may be
+// called from any.
 type Subscription[T any] struct {
 	c       *core[T]
 	closed  chan struct{}

@@ -14,7 +14,8 @@ import (
 // changes from R+1, applied a whole revision at a time. Readers always see
 // the state at one revision. The view survives compaction: when its watch
 // cannot go on, it lists the range again and reports the difference
-// (Relisted batches). Its methods are safe for concurrent use.
+// (Relisted batches). Its methods are safe for concurrent use. The zero
+// View is not usable: New and Share make them.
 //
 // Share returns another View of the same state and server-side watch; the
 // state lives until every View of it is closed, its Source's Context ends,
