@@ -213,22 +213,24 @@ func (v *View[T]) forget(sub *Subscription[T]) {
 // own. The state lives until every View of it is closed. Share of a View
 // that has ended (or is closing) returns a View ended with the same error.
 func (v *View[T]) Share() *View[T] {
-	if done := v.core.join(v.done); done != nil {
-		return newView(v.core, done)
+	if v.ctx.Err() == nil { // else v has ended, or is closing
+		if done := v.core.join(v.done); done != nil {
+			return newView(v.core, done)
+		}
 	}
 	return v.endedCopy()
 }
 
-// endedCopy returns a View of v's state that has ended as v has: closed if
-// v was, with v's cause. v is no View of its state any more, so its ctx has
-// ended.
+// endedCopy returns a View of v's state that has ended as v has, with v's
+// cause: closed when that is ErrClosed, so that its subscriptions end at
+// once; else the state has ended or is ending, and they end with it. v's
+// ctx has ended: a View that no longer holds its state has always ended it
+// first.
 func (v *View[T]) endedCopy() *View[T] {
-	u := &View[T]{core: v.core, done: make(chan struct{})}
+	cause := context.Cause(v.ctx)
+	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed}
 	u.ctx, u.cancel = context.WithCancelCause(context.Background())
-	u.cancel(context.Cause(v.ctx))
-	v.mu.Lock()
-	u.closed = v.closed
-	v.mu.Unlock()
+	u.cancel(cause)
 	close(u.done)
 	return u
 }
