@@ -45,18 +45,10 @@
 //
 // # Views
 //
-// NewView keeps a typed, consistent copy of a range current on a Stream:
-// it lists the range at one revision, watches from there, applies whole
-// revisions, and when its history is compacted lists again and reports
-// exactly what changed. Get, All and Snapshot read one revision's state
-// without holding it up; Subscribe follows its changes from a bounded
-// history; Sync reads your writes.
-//
-//	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix("config/"), etcdwatch.DecodeJSON[Config])
-//	e, ok := v.Get("config/web")
+// Views, typed and consistent copies of a range, are in package [github.com/etcdwatch/etcdwatch/view].
 //
 // # Concurrency
 //
-// Every method of Stream, Watch and View is safe for concurrent use. A Watch's
+// Every method of Stream and Watch is safe for concurrent use. A Watch's
 // Responses channel has one sender at a time and is closed exactly once.
 package etcdwatch

@@ -17,7 +17,8 @@ import (
 // dispatcher goroutine owns the stream: it sends every create, cancel and
 // progress request and routes every response by watch id, so a new watch is
 // never confused with another watch's traffic. Its methods are safe for
-// concurrent use.
+// concurrent use. Views and other wings end with the Stream's Context;
+// Close does not wait for their goroutines: a View's own Close does.
 type Stream struct {
 	conn    grpc.ClientConnInterface
 	opts    options
@@ -28,12 +29,11 @@ type Stream struct {
 	once    sync.Once
 	pumps   sync.WaitGroup          // running Watch.pump goroutines
 	probe   sync.WaitGroup          // the probeRelease goroutine
-	base    context.Context         // ends at Close, with ErrClosed: the probe's and the views' contexts derive from it
+	base    context.Context         // ends at Close, with ErrClosed: the probe's and the wings' contexts derive from it
 	stop    context.CancelCauseFunc // ends base; called by Close
 	hooks   *hooks                  // a test's; nil otherwise
 	stats   counters
 	state   stateBox
-	views   viewRegistry // the views' shared states
 }
 
 // Open starts a Stream on conn, typically a *grpc.ClientConn dialed to one or
@@ -275,17 +275,16 @@ func (s *Stream) connectionFailed(err error) {
 	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
 }
 
-// Close ends every watch and view with ErrClosed, ends the gRPC stream and
-// waits for every goroutine of the Stream and of its views. It is idempotent
-// and always returns nil.
+// Close ends every watch with ErrClosed, ends the gRPC stream and waits for
+// every goroutine of the Stream. Views and other wings end with the
+// Stream's Context; Close does not wait for their goroutines: a View's own
+// Close does. It is idempotent and always returns nil.
 func (s *Stream) Close() error {
 	s.once.Do(func() {
 		s.stop(ErrClosed)
-		s.views.close()
 		close(s.closing)
 	})
 	s.probe.Wait()
-	s.views.wait()
 	<-s.done
 	s.pumps.Wait()
 	return nil

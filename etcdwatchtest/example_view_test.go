@@ -11,6 +11,7 @@ import (
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // A View against a real etcd: a local copy of a prefix, read without a
@@ -48,8 +49,8 @@ func Example_view() {
 	put("app/color", "blue")
 	put("app/size", "large")
 
-	// NewView returns once the prefix is listed: both keys are in.
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix("app/"), etcdwatch.DecodeBytes)
+	// view.New returns once the prefix is listed: both keys are in.
+	v, err := view.New(ctx, s, etcdwatch.Prefix("app/"), view.DecodeBytes)
 	if err != nil {
 		log.Fatal(err)
 	}

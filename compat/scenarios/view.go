@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // viewList lists 1,500 keys while a writer keeps changing them. Before
@@ -108,11 +109,11 @@ func viewList(t *testing.T, e *Env) {
 	s := openConn(t, e.Endpoint, sp.options())
 	nctx, cancel := context.WithTimeout(ctx, Wait)
 	defer cancel()
-	v, err := etcdwatch.NewView(nctx, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes, etcdwatch.WithPageSize(page))
+	v, err := view.New(nctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithPageSize(page))
 	close(stop)
 	<-quit
 	if err != nil {
-		t.Fatalf("NewView: %v (spy: %v, writer: %v)", err, sp.failure(), writeErr)
+		t.Fatalf("view.New: %v (spy: %v, writer: %v)", err, sp.failure(), writeErr)
 	}
 	defer v.Close()
 	must(t, writeErr)
@@ -139,10 +140,10 @@ func viewList(t *testing.T, e *Env) {
 	sub := v.Subscribe(listed + 1)
 	defer sub.Close()
 	snap := v.Snapshot()
-	var batches []etcdwatch.Batch[[]byte]
+	var batches []view.Batch[[]byte]
 	for last := listed; last < snap.Revision(); {
 		b := nextBatch(t, sub)
-		check(t, b.Kind == etcdwatch.Events && b.From == last && b.Revision <= snap.Revision(),
+		check(t, b.Kind == view.Events && b.From == last && b.Revision <= snap.Revision(),
 			"batch %s from %d to %d after %d (state at %d)", b.Kind, b.From, b.Revision, last, snap.Revision())
 		batches = append(batches, b)
 		last = b.Revision
@@ -157,7 +158,7 @@ func viewList(t *testing.T, e *Env) {
 		changes += len(chs)
 		for j := len(chs) - 1; j >= 0; j-- {
 			switch ch := chs[j]; ch.Kind {
-			case etcdwatch.Created:
+			case view.Created:
 				delete(state, ch.Key)
 			default:
 				check(t, ch.Prev != nil, "%s change of %s without Prev", ch.Kind, ch.Key)
@@ -178,7 +179,7 @@ func viewList(t *testing.T, e *Env) {
 	check(t, got.ModRevision == lastRev, "after Sync, %s at %d, want the last write at %d", key(0), got.ModRevision, lastRev)
 	final := v.Snapshot()
 	equal(t, e.rows(t, prefix, final.Revision()), snapRows(t, final), fmt.Sprintf("the view after Sync, at %d", final.Revision()))
-	t.Logf("etcd %s: listed %d keys at %d with %s; %d writes while NewView ran (%d between pages); "+
+	t.Logf("etcd %s: listed %d keys at %d with %s; %d writes while view.New ran (%d between pages); "+
 		"%d changes in %d batches up to %d; %d keys at %d after Sync",
 		e.Version, len(atListing), listed, path, writes, between, changes, len(batches), snap.Revision(), final.Len(), final.Revision())
 }
@@ -206,7 +207,7 @@ func viewRelist(t *testing.T, e *Env) {
 	ctx, cancel := context.WithTimeout(t.Context(), Wait)
 	defer cancel()
 	// No bookmark requests of the view's own: nothing but the outage moves it.
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes, etcdwatch.WithBookmarkInterval(0))
+	v, err := view.New(ctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithBookmarkInterval(0))
 	must(t, err)
 	defer v.Close()
 	e.put(t, key(9), "v1")
@@ -233,7 +234,7 @@ func viewRelist(t *testing.T, e *Env) {
 	out.restore()
 
 	b := nextBatch(t, sub)
-	check(t, b.Kind == etcdwatch.Relisted, "first batch after the outage is %s from %d to %d, want relisted", b.Kind, b.From, b.Revision)
+	check(t, b.Kind == view.Relisted, "first batch after the outage is %s from %d to %d, want relisted", b.Kind, b.From, b.Revision)
 	check(t, b.From == from && b.Revision >= compacted, "relisted from %d to %d; want from %d to at least %d", b.From, b.Revision, from, compacted)
 	after := e.rows(t, prefix, b.Revision)
 	var got []change
@@ -253,10 +254,10 @@ func viewRelist(t *testing.T, e *Env) {
 	// The new watch follows the range.
 	rev := e.put(t, key(0), "after")
 	n := nextBatch(t, sub)
-	check(t, n.Kind == etcdwatch.Events && n.From == b.Revision && n.Revision == rev && len(n.Changes) == 1,
+	check(t, n.Kind == view.Events && n.From == b.Revision && n.Revision == rev && len(n.Changes) == 1,
 		"after the relist: %s from %d to %d with %d changes; want the put at %d", n.Kind, n.From, n.Revision, len(n.Changes), rev)
 	ch := n.Changes[0]
-	check(t, ch.Kind == etcdwatch.Updated && ch.Key == key(0) && string(ch.Entry.Value) == "after" && string(ch.Prev.Value) == "v0",
+	check(t, ch.Kind == view.Updated && ch.Key == key(0) && string(ch.Entry.Value) == "after" && string(ch.Prev.Value) == "v0",
 		"after the relist: %+v", changeOf(ch))
 	equal(t, e.rows(t, prefix, rev), snapRows(t, v.Snapshot()), fmt.Sprintf("the view at %d", rev))
 	t.Logf("etcd %s: relisted from %d to %d (compacted at %d) with %d changes; %d reconnects",
@@ -276,11 +277,11 @@ func viewSync(t *testing.T, e *Env) {
 	s := openConn(t, e.Endpoint, sp.options())
 	ctx, cancel := context.WithTimeout(t.Context(), Wait)
 	defer cancel()
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v, err := view.New(ctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	must(t, err)
 	defer v.Close()
 	byRead := e.Version.ProgressRunsAhead()
-	t.Run("RightAfterNewView", func(t *testing.T) { viewSyncRightAway(t, e, s) })
+	t.Run("RightAfterNew", func(t *testing.T) { viewSyncRightAway(t, e, s) })
 
 	held := map[string]int64{} // key -> ModRevision
 	for i := range writes {
@@ -317,7 +318,7 @@ func viewSync(t *testing.T, e *Env) {
 	}
 
 	// Idle: nothing changes in the view's range, keys elsewhere do.
-	empty, err := etcdwatch.NewView(pctx, s, etcdwatch.Prefix(unique("view-sync-empty")), etcdwatch.DecodeBytes)
+	empty, err := view.New(pctx, s, etcdwatch.Prefix(unique("view-sync-empty")), view.DecodeBytes)
 	must(t, err)
 	defer empty.Close()
 	idleFrom := v.Revision()
@@ -352,7 +353,7 @@ func viewSyncRightAway(t *testing.T, e *Env, s *etcdwatch.Stream) {
 	// Sync, with nothing written anywhere, is answered.
 	ctx, cancel := context.WithTimeout(t.Context(), Wait)
 	defer cancel()
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(unique("view-sync-new")), etcdwatch.DecodeBytes)
+	v, err := view.New(ctx, s, etcdwatch.Prefix(unique("view-sync-new")), view.DecodeBytes)
 	must(t, err)
 	defer v.Close()
 	syncView(t, v)
@@ -377,7 +378,7 @@ func (e *Env) rows(t *testing.T, prefix string, rev int64) []row {
 	return rows
 }
 
-func entryRow(en *etcdwatch.Entry[[]byte]) row {
+func entryRow(en *view.Entry[[]byte]) row {
 	if en == nil {
 		return row{}
 	}
@@ -385,7 +386,7 @@ func entryRow(en *etcdwatch.Entry[[]byte]) row {
 }
 
 // snapRows is a snapshot's state, in key order.
-func snapRows(t *testing.T, s *etcdwatch.Snapshot[[]byte]) []row {
+func snapRows(t *testing.T, s *view.Snapshot[[]byte]) []row {
 	t.Helper()
 	var rows []row
 	for k, en := range s.All() {
@@ -406,13 +407,13 @@ func sortedRows(m map[string]row) []row {
 
 // change is a Change as the comparisons see it.
 type change struct {
-	kind        etcdwatch.ChangeKind
+	kind        view.ChangeKind
 	key         string
 	rev         int64
 	entry, prev row
 }
 
-func changeOf(ch etcdwatch.Change[[]byte]) change {
+func changeOf(ch view.Change[[]byte]) change {
 	return change{ch.Kind, ch.Key, ch.Revision, entryRow(ch.Entry), entryRow(ch.Prev)}
 }
 
@@ -425,18 +426,18 @@ func diffRows(before, after []row, rev int64) []change {
 	for i < len(before) || j < len(after) {
 		switch {
 		case j == len(after) || (i < len(before) && before[i].key < after[j].key):
-			d = append(d, change{etcdwatch.Deleted, before[i].key, rev, row{}, before[i]})
+			d = append(d, change{view.Deleted, before[i].key, rev, row{}, before[i]})
 			i++
 		case i == len(before) || after[j].key < before[i].key:
-			d = append(d, change{etcdwatch.Created, after[j].key, rev, after[j], row{}})
+			d = append(d, change{view.Created, after[j].key, rev, after[j], row{}})
 			j++
 		default:
 			b, a := before[i], after[j]
 			switch {
 			case b.create != a.create:
-				d = append(d, change{etcdwatch.Deleted, b.key, rev, row{}, b}, change{etcdwatch.Created, a.key, rev, a, row{}})
+				d = append(d, change{view.Deleted, b.key, rev, row{}, b}, change{view.Created, a.key, rev, a, row{}})
 			case b.mod != a.mod:
-				d = append(d, change{etcdwatch.Updated, a.key, rev, a, b})
+				d = append(d, change{view.Updated, a.key, rev, a, b})
 			}
 			i++
 			j++
@@ -462,14 +463,14 @@ func (e *Env) tryDelete(ctx context.Context, key string) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-func syncView[T any](t *testing.T, v *etcdwatch.View[T]) {
+func syncView[T any](t *testing.T, v *view.View[T]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), Wait)
 	defer cancel()
 	must(t, v.Sync(ctx))
 }
 
-func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Batch[T] {
+func nextBatch[T any](t *testing.T, sub *view.Subscription[T]) view.Batch[T] {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), Wait)
 	defer cancel()

@@ -39,6 +39,7 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 func main() {
@@ -146,7 +147,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	}
 	if c.json {
-		err = follow(ctx, w, etcdwatch.DecodeJSON[map[string]any], formatJSON)
+		err = follow(ctx, w, view.DecodeJSON[map[string]any], formatJSON)
 	} else {
 		err = follow(ctx, w, decodeString, formatString)
 	}
@@ -183,13 +184,13 @@ type watcher struct {
 
 // follow opens a view of the prefix, prints it, then prints its changes
 // until ctx ends or, with demo steps, once it has shown them all.
-func follow[T any](ctx context.Context, w watcher, decode etcdwatch.Decoder[T], format func(T) string) error {
+func follow[T any](ctx context.Context, w watcher, decode view.Decoder[T], format func(T) string) error {
 	if _, err := w.write(ctx, w.seed); err != nil {
 		return err
 	}
 	// A view is a list of the prefix at a revision R, then its changes from
-	// R+1: NewView returns once the list is in.
-	v, err := etcdwatch.NewView(ctx, w.stream, etcdwatch.Prefix(w.prefix), decode)
+	// R+1: view.New returns once the list is in.
+	v, err := view.New(ctx, w.stream, etcdwatch.Prefix(w.prefix), decode)
 	if err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func follow[T any](ctx context.Context, w watcher, decode etcdwatch.Decoder[T], 
 }
 
 // printTable prints entries as aligned columns: key, value, mod revision.
-func printTable[T any](out io.Writer, entries iter.Seq2[string, etcdwatch.Entry[T]], format func(T) string) {
+func printTable[T any](out io.Writer, entries iter.Seq2[string, view.Entry[T]], format func(T) string) {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tVALUE\tMOD REV")
 	for k, e := range entries {
@@ -239,14 +240,14 @@ func printTable[T any](out io.Writer, entries iter.Seq2[string, etcdwatch.Entry[
 
 // printBatch prints a batch's changes, one a line, after a line saying why
 // it came for the two kinds that are not plain events.
-func printBatch[T any](out io.Writer, b etcdwatch.Batch[T], format func(T) string) {
+func printBatch[T any](out io.Writer, b view.Batch[T], format func(T) string) {
 	switch b.Kind {
-	case etcdwatch.Relisted:
+	case view.Relisted:
 		fmt.Fprintf(out, "relisted at rev %d (after compaction): %d changes\n", b.Revision, len(b.Changes))
-	case etcdwatch.Resync:
+	case view.Resync:
 		// The whole state, to replace what we showed: print it as a table.
 		fmt.Fprintf(out, "resync at rev %d: %d keys\n", b.Revision, len(b.Changes))
-		printTable(out, func(yield func(string, etcdwatch.Entry[T]) bool) {
+		printTable(out, func(yield func(string, view.Entry[T]) bool) {
 			for _, ch := range b.Changes {
 				if !yield(ch.Key, *ch.Entry) {
 					return
@@ -257,22 +258,22 @@ func printBatch[T any](out io.Writer, b etcdwatch.Batch[T], format func(T) strin
 	}
 	for _, ch := range b.Changes {
 		switch ch.Kind {
-		case etcdwatch.Created:
+		case view.Created:
 			if ch.Entry.Err != nil {
 				fmt.Fprintf(out, "rev %d: created %s: cannot decode: %v\n", ch.Revision, ch.Key, ch.Entry.Err)
 			} else {
 				fmt.Fprintf(out, "rev %d: created %s = %s\n", ch.Revision, ch.Key, format(ch.Entry.Value))
 			}
-		case etcdwatch.Updated:
+		case view.Updated:
 			fmt.Fprintf(out, "rev %d: updated %s: %s -> %s\n", ch.Revision, ch.Key, value(ch.Prev, format), value(ch.Entry, format))
-		case etcdwatch.Deleted:
+		case view.Deleted:
 			fmt.Fprintf(out, "rev %d: deleted %s\n", ch.Revision, ch.Key)
 		}
 	}
 }
 
 // value is an entry's value as printed, or why it has none.
-func value[T any](e *etcdwatch.Entry[T], format func(T) string) string {
+func value[T any](e *view.Entry[T], format func(T) string) string {
 	if e.Err != nil {
 		return "cannot decode: " + e.Err.Error()
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 var (
@@ -183,7 +184,7 @@ func viewSyncChild(name string) {
 		check(err)
 		w.Cancel()
 		run = func() (any, int, int64, error) {
-			v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(*childPrefix), etcdwatch.DecodeBytes)
+			v, err := view.New(ctx, s, etcdwatch.Prefix(*childPrefix), view.DecodeBytes)
 			if err != nil {
 				return nil, 0, 0, err
 			}
@@ -312,7 +313,7 @@ func runViewRelist(_ []contender, rep int) (map[string]result, error) {
 }
 
 // viewRelistChild opens a view of the view keys through a fault proxy
-// (timing NewView: sync_seconds) and subscribes to it. It refuses and cuts
+// (timing view.New: sync_seconds) and subscribes to it. It refuses and cuts
 // the proxy's connections, waits until the Stream says it is down, changes
 // -view-changes distinct keys, a third each updated, deleted and created,
 // and compacts the store past them, so that the watch cannot resume. The
@@ -340,7 +341,7 @@ func viewRelistChild() {
 	w.Cancel()
 
 	start := time.Now()
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(*childPrefix), etcdwatch.DecodeBytes)
+	v, err := view.New(ctx, s, etcdwatch.Prefix(*childPrefix), view.DecodeBytes)
 	check(err)
 	syncTook := time.Since(start)
 	defer v.Close()
@@ -357,21 +358,21 @@ func viewRelistChild() {
 	stop := profileChild("relist")
 	restore := time.Now()
 	proxy.Refuse(false)
-	var b etcdwatch.Batch[[]byte]
+	var b view.Batch[[]byte]
 	for {
 		b, err = sub.Next(ctx)
 		check(err)
-		if b.Kind != etcdwatch.Events || len(b.Changes) > 0 {
+		if b.Kind != view.Events || len(b.Changes) > 0 {
 			break
 		}
 		// a bookmark that moved the revision: nothing changed yet
 	}
 	took := time.Since(restore)
 	stop()
-	if b.Kind != etcdwatch.Relisted {
+	if b.Kind != view.Relisted {
 		check(fmt.Errorf("relist: the first batch after the restore is %v with %d changes, not relisted", b.Kind, len(b.Changes)))
 	}
-	got := map[string]etcdwatch.ChangeKind{}
+	got := map[string]view.ChangeKind{}
 	for _, ch := range b.Changes {
 		if _, dup := got[ch.Key]; dup {
 			check(fmt.Errorf("relist: key %q twice in the batch", ch.Key))
@@ -396,9 +397,9 @@ func viewRelistChild() {
 // each updated, deleted and created, chosen by -view-rep so that every
 // repetition changes keys of its own, 100 to a transaction; then compacts
 // the store at the last one's revision. It returns each key's change.
-func changeViewKeys(ctx context.Context, kv *clientv3.Client, v *etcdwatch.View[[]byte]) (map[string]etcdwatch.ChangeKind, error) {
+func changeViewKeys(ctx context.Context, kv *clientv3.Client, v *view.View[[]byte]) (map[string]view.ChangeKind, error) {
 	n := *viewChanges
-	want := make(map[string]etcdwatch.ChangeKind, n)
+	want := make(map[string]view.ChangeKind, n)
 	var ops []clientv3.Op
 	var rev int64
 	flush := func() error {
@@ -434,15 +435,15 @@ func changeViewKeys(ctx context.Context, kv *clientv3.Client, v *etcdwatch.View[
 		case i < n/3: // created: a key of this repetition's own
 			key = fmt.Sprintf("%snew-%03d-%06d", *childPrefix, *viewChildRep, i)
 			ops = append(ops, clientv3.OpPut(key, viewBytes(*viewValue, i)))
-			want[key] = etcdwatch.Created
+			want[key] = view.Created
 		case i < 2*n/3:
 			key = existing[i-n/3]
 			ops = append(ops, clientv3.OpDelete(key))
-			want[key] = etcdwatch.Deleted
+			want[key] = view.Deleted
 		default:
 			key = existing[i-n/3]
 			ops = append(ops, clientv3.OpPut(key, viewBytes(*viewValue, -i)))
-			want[key] = etcdwatch.Updated
+			want[key] = view.Updated
 		}
 		if len(ops) == 100 {
 			if err := flush(); err != nil {
@@ -684,7 +685,7 @@ func viewApplyChild(name string) {
 			return n, w.Err()
 		}
 	case "view":
-		v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix(*childPrefix), etcdwatch.DecodeBytes)
+		v, err := view.New(ctx, s, etcdwatch.Prefix(*childPrefix), view.DecodeBytes)
 		check(err)
 		defer v.Close()
 		sub := v.Subscribe(v.Revision() + 1)
@@ -696,11 +697,11 @@ func viewApplyChild(name string) {
 				if err != nil {
 					return n, err
 				}
-				if b.Kind != etcdwatch.Events {
+				if b.Kind != view.Events {
 					return n, fmt.Errorf("a %v batch of %d changes after %d changes", b.Kind, len(b.Changes), n)
 				}
 				for _, ch := range b.Changes {
-					if ch.Kind != etcdwatch.Updated {
+					if ch.Kind != view.Updated {
 						return n, fmt.Errorf("key %q %v, want updated", ch.Key, ch.Kind)
 					}
 				}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // TestSoak mixes faults at random for ETCDWATCH_SOAK (a duration, e.g. 5m)
@@ -184,12 +185,12 @@ type soakView struct {
 func soakViews(t *testing.T, s, tight, outage *etcdwatch.Stream) []*soakView {
 	t.Helper()
 	views := []*soakView{
-		{name: "prefix", v: newView(t, s, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes)},
-		{name: "tight", v: newView(t, tight, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes,
-			etcdwatch.WithHistoryBytes(16<<10), etcdwatch.WithIntegrityCheck(time.Second))},
-		{name: "range", v: newView(t, s, etcdwatch.Range("soak/k00", "soak/k05"), etcdwatch.DecodeBytes,
-			etcdwatch.WithBookmarkInterval(200*time.Millisecond))},
-		{name: "outage", v: newView(t, outage, etcdwatch.Prefix("soak/"), etcdwatch.DecodeBytes)},
+		{name: "prefix", v: newView(t, s, etcdwatch.Prefix("soak/"), view.DecodeBytes)},
+		{name: "tight", v: newView(t, tight, etcdwatch.Prefix("soak/"), view.DecodeBytes,
+			view.WithHistoryBytes(16<<10), view.WithIntegrityCheck(time.Second))},
+		{name: "range", v: newView(t, s, etcdwatch.Range("soak/k00", "soak/k05"), view.DecodeBytes,
+			view.WithBookmarkInterval(200*time.Millisecond))},
+		{name: "outage", v: newView(t, outage, etcdwatch.Prefix("soak/"), view.DecodeBytes)},
 	}
 	for _, sv := range []*soakView{views[0], views[1], views[3]} {
 		sv.rp = replay(sv.v.Subscribe(0))
@@ -264,12 +265,12 @@ type replayer struct {
 
 // replayState is the replica after a batch.
 type replayState struct {
-	kind      etcdwatch.BatchKind
+	kind      view.BatchKind
 	from, rev int64
-	m         map[string]etcdwatch.Entry[[]byte]
+	m         map[string]view.Entry[[]byte]
 }
 
-func replay(sub *etcdwatch.Subscription[[]byte]) *replayer {
+func replay(sub *view.Subscription[[]byte]) *replayer {
 	p := &replayer{done: make(chan struct{}), rep: &replica[[]byte]{}}
 	go func() { // returns when the subscription ends: its view's Close ends it
 		defer close(p.done)
@@ -277,13 +278,13 @@ func replay(sub *etcdwatch.Subscription[[]byte]) *replayer {
 			b, err := sub.Next(context.Background())
 			p.mu.Lock()
 			if err != nil {
-				if !errors.Is(err, etcdwatch.ErrViewClosed) {
+				if !errors.Is(err, view.ErrClosed) {
 					p.err = fmt.Errorf("the subscription ended: %w", err)
 				}
 				p.mu.Unlock()
 				return
 			}
-			if !p.rep.started && b.Kind != etcdwatch.Resync {
+			if !p.rep.started && b.Kind != view.Resync {
 				p.mu.Unlock()
 				continue
 			}
@@ -294,9 +295,9 @@ func replay(sub *etcdwatch.Subscription[[]byte]) *replayer {
 			}
 			p.batches++
 			switch b.Kind {
-			case etcdwatch.Relisted:
+			case view.Relisted:
 				p.relisted++
-			case etcdwatch.Resync:
+			case view.Resync:
 				p.resyncs++
 			}
 			p.states = append(p.states, replayState{kind: b.Kind, from: b.From, rev: b.Revision, m: maps.Clone(p.rep.m)})
@@ -316,7 +317,7 @@ func (p *replayer) reached(rev int64) bool {
 // stateAt returns the replica's state at rev, which the replay has reached:
 // the state after the last batch up to rev. ok is false when a Resync took
 // the replica over rev. States before it are dropped.
-func (p *replayer) stateAt(rev int64) (m map[string]etcdwatch.Entry[[]byte], ok bool, err error) {
+func (p *replayer) stateAt(rev int64) (m map[string]view.Entry[[]byte], ok bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {
@@ -331,7 +332,7 @@ func (p *replayer) stateAt(rev int64) (m map[string]etcdwatch.Entry[[]byte], ok 
 	p.states = p.states[i:]
 	if at.rev < rev && len(p.states) > 1 {
 		switch next := p.states[1]; {
-		case next.kind == etcdwatch.Resync:
+		case next.kind == view.Resync:
 			p.skipped++
 			return nil, false, nil
 		case next.from < rev:

@@ -23,23 +23,32 @@ import (
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // testView is a View with what a test needs to check it against the server:
 // its range and its decode function.
 type testView[T any] struct {
-	*etcdwatch.View[T]
+	*view.View[T]
 	r      etcdwatch.Request
-	decode etcdwatch.Decoder[T]
+	decode view.Decoder[T]
 }
 
 // newView starts a view, closed when the test ends.
-func newView[T any](t *testing.T, s *etcdwatch.Stream, r etcdwatch.Request, decode etcdwatch.Decoder[T], opts ...etcdwatch.ViewOption) *testView[T] {
+func newView[T any](t *testing.T, s *etcdwatch.Stream, r etcdwatch.Request, decode view.Decoder[T], opts ...view.Option) *testView[T] {
 	t.Helper()
-	v, err := etcdwatch.NewView(ctx(t), s, r, decode, opts...)
+	v, err := view.New(ctx(t), s, r, decode, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { v.Close() })
 	return &testView[T]{View: v, r: r, decode: decode}
+}
+
+// share returns another View of v's state (View.Share), closed when the
+// test ends.
+func (v *testView[T]) share(t *testing.T) *testView[T] {
+	u := v.View.Share()
+	t.Cleanup(func() { u.Close() })
+	return &testView[T]{View: u, r: v.r, decode: v.decode}
 }
 
 // getRange reads r's range at rev (0: the newest), linearizably, in key order.
@@ -58,7 +67,7 @@ func getRange(c context.Context, kv *clientv3.Client, r etcdwatch.Request, rev i
 // compacted it syncs v and compares v's newer state instead; a read that
 // fails otherwise (a member restarting under the soak) is tried again. It
 // returns the state it compared.
-func requireEqualsServer[T any](t *testing.T, kv *clientv3.Client, v *testView[T], snap *etcdwatch.Snapshot[T]) *etcdwatch.Snapshot[T] {
+func requireEqualsServer[T any](t *testing.T, kv *clientv3.Client, v *testView[T], snap *view.Snapshot[T]) *view.Snapshot[T] {
 	t.Helper()
 	for failures := 0; ; {
 		c, cancel := context.WithTimeout(context.Background(), wait)
@@ -86,7 +95,7 @@ func requireEqualsServer[T any](t *testing.T, kv *clientv3.Client, v *testView[T
 
 // snapshotDiff returns (up to 10 of) the differences between snap and kvs,
 // the server's state of its range in key order.
-func snapshotDiff[T any](snap *etcdwatch.Snapshot[T], kvs []*mvccpb.KeyValue, decode etcdwatch.Decoder[T]) []string {
+func snapshotDiff[T any](snap *view.Snapshot[T], kvs []*mvccpb.KeyValue, decode view.Decoder[T]) []string {
 	var diffs []string
 	note := func(format string, args ...any) {
 		if len(diffs) < 10 {
@@ -115,7 +124,7 @@ func snapshotDiff[T any](snap *etcdwatch.Snapshot[T], kvs []*mvccpb.KeyValue, de
 }
 
 // entryDiff says how e differs from kv as decode makes it; "" if it does not.
-func entryDiff[T any](e etcdwatch.Entry[T], kv *mvccpb.KeyValue, decode etcdwatch.Decoder[T]) string {
+func entryDiff[T any](e view.Entry[T], kv *mvccpb.KeyValue, decode view.Decoder[T]) string {
 	want, err := decode(kv.Key, slices.Clone(kv.Value))
 	if err != nil {
 		var zero T
@@ -142,7 +151,7 @@ func sameValue[T any](a, b T) bool {
 	return reflect.DeepEqual(a, b)
 }
 
-func sameEntry[T any](a, b etcdwatch.Entry[T]) bool {
+func sameEntry[T any](a, b view.Entry[T]) bool {
 	return a.Key == b.Key && a.CreateRevision == b.CreateRevision && a.ModRevision == b.ModRevision &&
 		a.Version == b.Version && a.Lease == b.Lease && (a.Err == nil) == (b.Err == nil) && sameValue(a.Value, b.Value)
 }
@@ -150,29 +159,29 @@ func sameEntry[T any](a, b etcdwatch.Entry[T]) bool {
 // replica is a copy of a view built from a subscription's batches alone;
 // apply checks each batch against the state it applies to.
 type replica[T any] struct {
-	m       map[string]etcdwatch.Entry[T]
+	m       map[string]view.Entry[T]
 	rev     int64
 	started bool // it holds a state: a Resync's, or the one it was made from
 }
 
 // replicaOf starts a replica from a state of the view.
-func replicaOf[T any](snap *etcdwatch.Snapshot[T]) *replica[T] {
-	r := &replica[T]{m: map[string]etcdwatch.Entry[T]{}, rev: snap.Revision(), started: true}
+func replicaOf[T any](snap *view.Snapshot[T]) *replica[T] {
+	r := &replica[T]{m: map[string]view.Entry[T]{}, rev: snap.Revision(), started: true}
 	for k, e := range snap.All() {
 		r.m[k] = e
 	}
 	return r
 }
 
-func (r *replica[T]) apply(b etcdwatch.Batch[T]) error {
+func (r *replica[T]) apply(b view.Batch[T]) error {
 	switch b.Kind {
-	case etcdwatch.Resync:
+	case view.Resync:
 		if r.started && b.Revision < r.rev {
 			return fmt.Errorf("resync at %d, behind the state at %d", b.Revision, r.rev)
 		}
-		m := make(map[string]etcdwatch.Entry[T], len(b.Changes))
+		m := make(map[string]view.Entry[T], len(b.Changes))
 		for _, ch := range b.Changes {
-			if ch.Kind != etcdwatch.Created || ch.Entry == nil || ch.Prev != nil || ch.Entry.Key != ch.Key || ch.Entry.ModRevision > b.Revision {
+			if ch.Kind != view.Created || ch.Entry == nil || ch.Prev != nil || ch.Entry.Key != ch.Key || ch.Entry.ModRevision > b.Revision {
 				return fmt.Errorf("resync at %d: change %s %q (entry %v, prev %v) is not a key's state", b.Revision, ch.Kind, ch.Key, ch.Entry, ch.Prev)
 			}
 			if _, dup := m[ch.Key]; dup {
@@ -182,7 +191,7 @@ func (r *replica[T]) apply(b etcdwatch.Batch[T]) error {
 		}
 		r.m, r.rev, r.started = m, b.Revision, true
 		return nil
-	case etcdwatch.Events, etcdwatch.Relisted:
+	case view.Events, view.Relisted:
 	default:
 		return fmt.Errorf("batch kind %s", b.Kind)
 	}
@@ -195,7 +204,7 @@ func (r *replica[T]) apply(b etcdwatch.Batch[T]) error {
 	last := b.From
 	for _, ch := range b.Changes {
 		what := fmt.Sprintf("%s batch %d..%d: %s %q at %d", b.Kind, b.From, b.Revision, ch.Kind, ch.Key, ch.Revision)
-		if b.Kind == etcdwatch.Events {
+		if b.Kind == view.Events {
 			if ch.Revision <= b.From || ch.Revision > b.Revision || ch.Revision < last {
 				return errors.New(what + ": revision out of the batch's order")
 			}
@@ -207,10 +216,10 @@ func (r *replica[T]) apply(b etcdwatch.Batch[T]) error {
 			return errors.New(what + ": not the revision listed")
 		}
 		cur, exists := r.m[ch.Key]
-		if (ch.Kind == etcdwatch.Created) == exists {
+		if (ch.Kind == view.Created) == exists {
 			return fmt.Errorf("%s: the key exists: %v", what, exists)
 		}
-		if (ch.Entry == nil) != (ch.Kind == etcdwatch.Deleted) || (ch.Prev == nil) != (ch.Kind == etcdwatch.Created) {
+		if (ch.Entry == nil) != (ch.Kind == view.Deleted) || (ch.Prev == nil) != (ch.Kind == view.Created) {
 			return fmt.Errorf("%s: entry %v, prev %v", what, ch.Entry, ch.Prev)
 		}
 		if ch.Prev != nil && !sameEntry(*ch.Prev, cur) {
@@ -230,7 +239,7 @@ func (r *replica[T]) apply(b etcdwatch.Batch[T]) error {
 }
 
 // stateDiff returns (up to 10 of) the differences between m and snap.
-func stateDiff[T any](m map[string]etcdwatch.Entry[T], snap *etcdwatch.Snapshot[T]) []string {
+func stateDiff[T any](m map[string]view.Entry[T], snap *view.Snapshot[T]) []string {
 	var diffs []string
 	note := func(format string, args ...any) {
 		if len(diffs) < 10 {
@@ -255,14 +264,14 @@ func stateDiff[T any](m map[string]etcdwatch.Entry[T], snap *etcdwatch.Snapshot[
 }
 
 // requireReplicaEquals requires r to hold snap's state, at its revision.
-func requireReplicaEquals[T any](t *testing.T, r *replica[T], snap *etcdwatch.Snapshot[T]) {
+func requireReplicaEquals[T any](t *testing.T, r *replica[T], snap *view.Snapshot[T]) {
 	t.Helper()
 	require.Equal(t, snap.Revision(), r.rev, "replica's revision")
 	require.Empty(t, stateDiff(r.m, snap), "replica at %d differs from the view", r.rev)
 }
 
 // nextBatch returns the subscription's next batch.
-func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Batch[T] {
+func nextBatch[T any](t *testing.T, sub *view.Subscription[T]) view.Batch[T] {
 	t.Helper()
 	c, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -436,7 +445,7 @@ func TestViewInitialSyncUnderWrites(t *testing.T) {
 	require.Eventually(t, func() bool { return w.commits.Load() >= 10 }, wait, time.Millisecond, "the writers do not write")
 	before := w.commits.Load()
 	began = time.Now()
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	during := w.commits.Load() - before
 	listed := time.Since(began)
 	require.Positive(t, during, "no write overlapped the listing")
@@ -451,7 +460,7 @@ func TestViewInitialSyncUnderWrites(t *testing.T) {
 	st := v.Stats()
 	require.Zero(t, st.Relists)
 	require.Equal(t, final.Len(), st.Keys)
-	t.Logf("%d keys loaded in %v; NewView %v, during which %d writes committed; %d writes in all; view at %d with %d keys, %d bytes",
+	t.Logf("%d keys loaded in %v; view.New %v, during which %d writes committed; %d writes in all; view at %d with %d keys, %d bytes",
 		n, loaded, listed, during, w.commits.Load(), final.Revision(), final.Len(), st.Bytes)
 }
 
@@ -471,7 +480,7 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 	}
 	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	require.Equal(t, 9, v.Len())
 	sub := v.Subscribe(v.Revision() + 1)
 	defer sub.Close()
@@ -498,10 +507,10 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 	proxy.Refuse(false)
 
 	b := nextBatch(t, sub)
-	require.Equal(t, etcdwatch.Relisted, b.Kind, "%+v", b)
+	require.Equal(t, view.Relisted, b.Kind, "%+v", b)
 	require.Equal(t, from, b.From)
 	require.GreaterOrEqual(t, b.Revision, compactAt)
-	got := map[string][]etcdwatch.ChangeKind{}
+	got := map[string][]view.ChangeKind{}
 	for _, ch := range b.Changes {
 		k := strings.TrimPrefix(ch.Key, prefix)
 		got[k] = append(got[k], ch.Kind)
@@ -513,8 +522,8 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 			require.Equal(t, "old "+k, string(ch.Prev.Value), k)
 		}
 	}
-	d, c, u := etcdwatch.Deleted, etcdwatch.Created, etcdwatch.Updated
-	require.Equal(t, map[string][]etcdwatch.ChangeKind{
+	d, c, u := view.Deleted, view.Created, view.Updated
+	require.Equal(t, map[string][]view.ChangeKind{
 		"upd1": {u}, "upd2": {u}, "del1": {d}, "del2": {d}, "new1": {c}, "new2": {c}, "re1": {d, c}, "re2": {d, c},
 	}, got)
 	require.Equal(t, uint64(1), v.Stats().Relists)
@@ -522,12 +531,12 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 
 	rev := put(t, kv, prefix+"after", "after the relist")
 	b2 := nextBatch(t, sub)
-	require.Equal(t, etcdwatch.Events, b2.Kind)
+	require.Equal(t, view.Events, b2.Kind)
 	require.Equal(t, b.Revision, b2.From)
 	require.Equal(t, rev, b2.Revision)
 	require.Len(t, b2.Changes, 1)
 	require.Equal(t, prefix+"after", b2.Changes[0].Key)
-	require.Equal(t, etcdwatch.Created, b2.Changes[0].Kind)
+	require.Equal(t, view.Created, b2.Changes[0].Kind)
 	require.Equal(t, uint64(1), v.Stats().Relists)
 }
 
@@ -546,7 +555,7 @@ func TestViewStoppedSubscriberGetsResync(t *testing.T) {
 	}
 	s := open(t)
 	const limit = 4 << 10
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes, etcdwatch.WithHistoryBytes(limit))
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithHistoryBytes(limit))
 	start := v.Snapshot()
 	reading, stopped := v.Subscribe(start.Revision()+1), v.Subscribe(start.Revision()+1)
 	defer reading.Close()
@@ -564,7 +573,7 @@ func TestViewStoppedSubscriberGetsResync(t *testing.T) {
 			rev = put(t, kv, key, fmt.Sprintf("%d %s", i, pad))
 		}
 		b := nextBatch(t, reading) // one write at a time: the reader never falls behind
-		require.Equal(t, etcdwatch.Events, b.Kind)
+		require.Equal(t, view.Events, b.Kind)
 		require.Equal(t, rep.rev, b.From, "a gap before batch %d..%d", b.From, b.Revision)
 		require.Equal(t, rev, b.Revision)
 		require.Len(t, b.Changes, 1)
@@ -576,7 +585,7 @@ func TestViewStoppedSubscriberGetsResync(t *testing.T) {
 	requireReplicaEquals(t, rep, now)
 
 	b := nextBatch(t, stopped)
-	require.Equal(t, etcdwatch.Resync, b.Kind, "%s batch %d..%d", b.Kind, b.From, b.Revision)
+	require.Equal(t, view.Resync, b.Kind, "%s batch %d..%d", b.Kind, b.From, b.Revision)
 	late := &replica[[]byte]{}
 	require.NoError(t, late.apply(b))
 	for late.rev < now.Revision() {
@@ -589,11 +598,11 @@ func TestViewStoppedSubscriberGetsResync(t *testing.T) {
 
 	rev := put(t, kv, prefix+"k00", "after")
 	for _, r := range []struct {
-		sub *etcdwatch.Subscription[[]byte]
+		sub *view.Subscription[[]byte]
 		rep *replica[[]byte]
 	}{{reading, rep}, {stopped, late}} {
 		b := nextBatch(t, r.sub)
-		require.Equal(t, etcdwatch.Events, b.Kind)
+		require.Equal(t, view.Events, b.Kind)
 		require.Equal(t, r.rep.rev, b.From)
 		require.Equal(t, rev, b.Revision)
 		require.NoError(t, r.rep.apply(b))
@@ -622,7 +631,7 @@ func TestViewDecodeErrors(t *testing.T) {
 	put(t, kv, prefix+"b", `{"N":`)
 	put(t, kv, prefix+"d", `not json`)
 	s := open(t)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeJSON[num])
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeJSON[num])
 	require.Equal(t, 5, v.Len())
 	for k, n := range good {
 		e, ok := v.Get(prefix + k)
@@ -646,7 +655,7 @@ func TestViewDecodeErrors(t *testing.T) {
 	require.Equal(t, rev, b.Revision)
 	require.Len(t, b.Changes, 1)
 	ch := b.Changes[0]
-	require.Equal(t, etcdwatch.Updated, ch.Kind)
+	require.Equal(t, view.Updated, ch.Kind)
 	require.NoError(t, ch.Entry.Err)
 	require.Equal(t, 2, ch.Entry.Value.N)
 	require.Error(t, ch.Prev.Err)
@@ -677,7 +686,7 @@ func TestViewSyncSeesEveryWrite(t *testing.T) {
 	s := open(t)
 	prefix := unique("view-sync")
 	deleteWhenDone(t, kv, prefix)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	syncEach := func(t *testing.T) {
 		for i := range 200 {
 			rev := put(t, kv, prefix+"k", fmt.Sprint(i))
@@ -735,7 +744,7 @@ func TestViewSyncSeesEveryWrite(t *testing.T) {
 		p := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 		p.SetDelay(5 * time.Millisecond)
 		slow := openOn(t, []string{p.Addr()})
-		dv := newView(t, slow, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+		dv := newView(t, slow, etcdwatch.Prefix(prefix), view.DecodeBytes)
 		for i := range 30 {
 			rev := put(t, kv, prefix+"k", fmt.Sprint(i))
 			require.NoError(t, dv.Sync(ctx(t)))
@@ -760,7 +769,7 @@ func TestViewIdlePrefixSurvivesCompaction(t *testing.T) {
 	put(t, kv, prefix+"k", "idle")
 	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes, etcdwatch.WithBookmarkInterval(100*time.Millisecond))
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithBookmarkInterval(100*time.Millisecond))
 	listed := v.Revision()
 	var last int64
 	for i := range 100 {
@@ -784,52 +793,53 @@ func TestViewIdlePrefixSurvivesCompaction(t *testing.T) {
 	requireEqualsServer(t, kv, v, v.Snapshot())
 }
 
-// TestViewsShareState: views of one range with one decode function share a
-// state and a server-side watch, released by the last Close; a decode
-// closure over another variable gets its own. Catches: a watch per view,
-// a shared state ended by the first Close or kept after the last, two
-// decoders' views mixed up.
-func TestViewsShareState(t *testing.T) {
+// TestViewShare: a View and its Share follow one state through one
+// server-side watch, released by the last Close; each New has a state and
+// a watch of its own, even with the same decode function. Catches: a watch
+// per Share, a Share that lists again or decodes otherwise, a shared state
+// ended by the first Close or kept after the last.
+func TestViewShare(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
 	prefix := unique("view-share")
 	deleteWhenDone(t, kv, prefix)
 	s := open(t)
-	v1 := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
-	v2 := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	tagged := func(tag string) view.Decoder[string] {
+		return func(_, value []byte) (string, error) { return tag + string(value), nil }
+	}
+	v1 := newView(t, s, etcdwatch.Prefix(prefix), tagged("a:"))
+	v2 := v1.share(t)
 	require.Equal(t, int64(1), s.Stats().Watches, "one server-side watch for both")
 	rev := put(t, kv, prefix+"k", "one")
-	for _, v := range []*testView[[]byte]{v1, v2} {
+	for _, v := range []*testView[string]{v1, v2} {
 		require.NoError(t, v.WaitForRevision(ctx(t), rev))
 		e, ok := v.Get(prefix + "k")
 		require.True(t, ok)
-		require.Equal(t, "one", string(e.Value))
+		require.Equal(t, "a:one", e.Value)
 	}
 	require.NoError(t, v1.Close())
 	require.NoError(t, v2.Err(), "closing one view ended the other")
 	rev = put(t, kv, prefix+"k", "two")
 	require.NoError(t, v2.WaitForRevision(ctx(t), rev))
 	e, _ := v2.Get(prefix + "k")
-	require.Equal(t, "two", string(e.Value))
+	require.Equal(t, "a:two", e.Value)
 	require.Equal(t, int64(1), s.Stats().Watches)
 	require.NoError(t, v2.Close())
 	require.Eventually(t, func() bool { return s.Stats().Watches == 0 }, wait, time.Millisecond, "the watch outlived its views")
 
-	tagged := func(tag string) etcdwatch.Decoder[string] {
-		return func(_, value []byte) (string, error) { return tag + string(value), nil }
-	}
-	da, db := tagged("a:"), tagged("b:")
-	va := newView(t, s, etcdwatch.Prefix(prefix), da)
-	vb := newView(t, s, etcdwatch.Prefix(prefix), db)
-	require.Equal(t, int64(2), s.Stats().Watches, "closures over different variables must not share")
-	va2 := newView(t, s, etcdwatch.Prefix(prefix), da)
-	require.Equal(t, int64(2), s.Stats().Watches, "one closure value shares")
+	decode := tagged("b:")
+	va := newView(t, s, etcdwatch.Prefix(prefix), decode)
+	vb := newView(t, s, etcdwatch.Prefix(prefix), decode)
+	require.Equal(t, int64(2), s.Stats().Watches, "each New has a watch of its own")
 	rev = put(t, kv, prefix+"k", "three")
-	for v, want := range map[*testView[string]]string{va: "a:three", vb: "b:three", va2: "a:three"} {
+	for _, v := range []*testView[string]{va, vb} {
 		require.NoError(t, v.WaitForRevision(ctx(t), rev))
 		e, _ := v.Get(prefix + "k")
-		require.Equal(t, want, e.Value)
+		require.Equal(t, "b:three", e.Value)
 	}
+	require.NoError(t, va.Close())
+	rev = put(t, kv, prefix+"k", "four")
+	require.NoError(t, vb.WaitForRevision(ctx(t), rev), "closing one New ended another")
 }
 
 // TestViewIntegrityCheck compares the view with the server every 50ms while
@@ -841,7 +851,7 @@ func TestViewIntegrityCheck(t *testing.T) {
 	prefix := unique("view-integrity")
 	deleteWhenDone(t, kv, prefix)
 	s := open(t)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes, etcdwatch.WithIntegrityCheck(50*time.Millisecond))
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithIntegrityCheck(50*time.Millisecond))
 	w := startChurn(t, kv, prefix, 50, 2, clientv3.NoLease)
 	require.Eventually(t, func() bool { return v.Stats().IntegrityChecks > 3 }, wait, time.Millisecond, "no integrity checks")
 	checksDuringWrites := v.Stats().IntegrityChecks
@@ -866,12 +876,12 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 		deleteWhenDone(t, kv, prefix)
 		k := prefix + "k"
 		put(t, kv, prefix+"j", "before")
-		v := newView(t, s, etcdwatch.Key(k), etcdwatch.DecodeBytes)
+		v := newView(t, s, etcdwatch.Key(k), view.DecodeBytes)
 		require.Zero(t, v.Len())
 		sub := v.Subscribe(v.Revision() + 1)
 		defer sub.Close()
-		var want []etcdwatch.ChangeKind
-		var got []etcdwatch.ChangeKind
+		var want []view.ChangeKind
+		var got []view.ChangeKind
 		var last int64
 		exists := false
 		for i, op := range []string{"put", "other", "put", "del", "other", "put"} {
@@ -879,9 +889,9 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 			case "put":
 				last = put(t, kv, k, fmt.Sprint(i))
 				if exists {
-					want = append(want, etcdwatch.Updated)
+					want = append(want, view.Updated)
 				} else {
-					want = append(want, etcdwatch.Created)
+					want = append(want, view.Created)
 				}
 				exists = true
 				require.NoError(t, v.WaitForRevision(ctx(t), last))
@@ -890,7 +900,7 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 				require.Equal(t, fmt.Sprint(i), string(e.Value))
 			case "del":
 				last = del(t, kv, k)
-				want = append(want, etcdwatch.Deleted)
+				want = append(want, view.Deleted)
 				exists = false
 				require.NoError(t, v.WaitForRevision(ctx(t), last))
 				_, ok := v.Get(k)
@@ -923,7 +933,7 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 		put(t, kv, below, "below")
 		put(t, kv, start, "the start key")
 		put(t, kv, start+"a", "a")
-		v := newView(t, s, etcdwatch.FromKey(start), etcdwatch.DecodeBytes)
+		v := newView(t, s, etcdwatch.FromKey(start), view.DecodeBytes)
 		require.Equal(t, 2, v.Len())
 		_, ok := v.Get(below)
 		require.False(t, ok)
@@ -954,7 +964,7 @@ func TestViewEndsWithStream(t *testing.T) {
 	prefix := unique("view-end")
 	deleteWhenDone(t, kv, prefix)
 	s := open(t)
-	v := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	sub := v.Subscribe(v.Revision() + 1)
 	defer sub.Close()
 	var revs []int64
@@ -982,22 +992,22 @@ func TestViewEndsWithStream(t *testing.T) {
 		}
 	}
 	require.Equal(t, revs, got, "the batches published before the end")
-	_, err := etcdwatch.NewView(ctx(t), s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	_, err := view.New(ctx(t), s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	require.ErrorIs(t, err, etcdwatch.ErrClosed)
 }
 
-// TestViewCloseEndsOnlyThatView: of two views sharing a state, the one
-// closed has ended (Err ErrViewClosed, Done closed) and the other runs.
+// TestViewCloseEndsOnlyThatView: of two views sharing a state (Share), the
+// one closed has ended (Err view.ErrClosed, Done closed) and the other runs.
 // Catches: Done and Err of a closed View that follow the shared state
 // instead, so that a closed view looks alive while another shares it.
 func TestViewCloseEndsOnlyThatView(t *testing.T) {
 	leakCheck(t)
 	s := open(t)
 	prefix := unique("view-close")
-	v1 := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
-	v2 := newView(t, s, etcdwatch.Prefix(prefix), etcdwatch.DecodeBytes)
+	v1 := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
+	v2 := v1.share(t)
 	require.NoError(t, v1.Close())
-	require.ErrorIs(t, v1.Err(), etcdwatch.ErrViewClosed, "library bug: a closed View's Err is its shared state's")
+	require.ErrorIs(t, v1.Err(), view.ErrClosed, "library bug: a closed View's Err is its shared state's")
 	select {
 	case <-v1.Done():
 	case <-time.After(wait):

@@ -1,4 +1,4 @@
-package etcdwatch
+package view
 
 import (
 	"context"
@@ -26,14 +26,14 @@ type lister struct {
 	paged    bool // the server has no RangeStream: use pages
 }
 
-func newLister(s *Stream, key, end []byte, page int) *lister {
+func newLister(src Source, key, end []byte, page int) *lister {
 	return &lister{
-		kv:   pb.NewKVClient(s.conn),
+		kv:   pb.NewKVClient(src.Conn()),
 		key:  key,
 		end:  end,
 		page: int64(page),
 		// A page holds as many values as it holds, up to etcd's own limits.
-		call: append([]grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)}, s.opts.callOptions...),
+		call: append([]grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)}, src.CallOptions()...),
 	}
 }
 
@@ -76,7 +76,7 @@ func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValu
 		m, err := rs.Recv()
 		if err == io.EOF {
 			if rev == 0 {
-				return 0, status.Error(codes.Internal, "etcdwatch: RangeStream ended without a header")
+				return 0, status.Error(codes.Internal, "etcdwatch/view: RangeStream ended without a header")
 			}
 			return rev, nil
 		}

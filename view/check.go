@@ -1,7 +1,6 @@
-package etcdwatch
+package view
 
 import (
-	"iter"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -11,7 +10,7 @@ import (
 
 // checkLoop compares the view with the server every integrity interval,
 // until the state ends.
-func (c *viewCore[T]) checkLoop() {
+func (c *core[T]) checkLoop() {
 	t := time.NewTicker(c.opts.integrity)
 	defer t.Stop()
 	for {
@@ -29,8 +28,8 @@ const maxReported = 8
 
 // checkOnce compares the published state with a listing of the range at
 // its revision, keys and revisions only: a key's ModRevision names its
-// value. A mismatch asks run to list again.
-func (c *viewCore[T]) checkOnce() {
+// value. A mismatch asks the runner to list again.
+func (c *core[T]) checkOnce() {
 	s := c.snap.Load()
 	diff, err := c.compare(s)
 	switch {
@@ -56,33 +55,32 @@ func (c *viewCore[T]) checkOnce() {
 
 // compare lists the range at s's revision and returns the keys (up to
 // maxReported) whose presence or revisions differ from s.
-func (c *viewCore[T]) compare(s *Snapshot[T]) ([]string, error) {
-	next, stop := iter.Pull2(s.m.All())
-	defer stop()
-	var diff []string
-	report := func(k string) {
-		if len(diff) < maxReported {
-			diff = append(diff, k)
-		}
+func (c *core[T]) compare(s *Snapshot[T]) ([]string, error) {
+	var cmp comparison[T]
+	walk := newMerge(s.m.All(), &cmp)
+	defer walk.stop()
+	if _, err := c.reads.list(c.ctx, listing{rev: s.rev, keysOnly: true}, walk.take); err != nil {
+		return nil, err
 	}
-	key, e, more := next()
-	_, err := c.reads.list(c.ctx, listing{rev: s.rev, keysOnly: true}, func(kv *mvccpb.KeyValue) error {
-		for more && key < string(kv.Key) {
-			report(key)
-			key, e, more = next()
-		}
-		if !more || key != string(kv.Key) {
-			report(string(kv.Key))
-			return nil
-		}
-		if e.ModRevision != kv.ModRevision || e.CreateRevision != kv.CreateRevision || e.Version != kv.Version || e.Lease != kv.Lease {
-			report(key)
-		}
-		key, e, more = next()
-		return nil
-	})
-	for ; more; key, _, more = next() {
-		report(key)
+	walk.finish()
+	return cmp.diff, nil
+}
+
+// comparison is the outcomes of an integrity check's merge: the keys that
+// differ, up to maxReported.
+type comparison[T any] struct{ diff []string }
+
+func (c *comparison[T]) report(key string) {
+	if len(c.diff) < maxReported {
+		c.diff = append(c.diff, key)
 	}
-	return diff, err
+}
+
+func (c *comparison[T]) stateOnly(key string, _ *Entry[T]) { c.report(key) }
+func (c *comparison[T]) listedOnly(kv *mvccpb.KeyValue)    { c.report(string(kv.Key)) }
+
+func (c *comparison[T]) both(e *Entry[T], kv *mvccpb.KeyValue) {
+	if e.ModRevision != kv.ModRevision || e.CreateRevision != kv.CreateRevision || e.Version != kv.Version || e.Lease != kv.Lease {
+		c.report(e.Key)
+	}
 }

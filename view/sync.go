@@ -1,14 +1,16 @@
-package etcdwatch
+package view
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/etcdwatch/etcdwatch"
 )
 
 // await waits until cond holds for the published state, ctx ends or the
 // state ends.
-func (c *viewCore[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) error {
+func (c *core[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) error {
 	for {
 		select {
 		case <-c.done:
@@ -37,10 +39,10 @@ func (c *viewCore[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) e
 // the watches active when it was given.
 const progressWait = time.Second
 
-func (c *viewCore[T]) sync(ctx context.Context) error {
+func (c *core[T]) sync(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, progressWait)
 	defer cancel()
-	rev, err := c.stream.RequestProgress(pctx)
+	rev, err := c.src.RequestProgress(pctx)
 	if err == nil {
 		err = c.await(pctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
 	}
@@ -49,7 +51,7 @@ func (c *viewCore[T]) sync(ctx context.Context) error {
 		return nil
 	case ctx.Err() != nil:
 		return context.Cause(ctx)
-	case pctx.Err() != nil, errors.Is(err, ErrProgressUnsupported), errors.Is(err, ErrNoWatches):
+	case pctx.Err() != nil, errors.Is(err, etcdwatch.ErrProgressUnsupported), errors.Is(err, etcdwatch.ErrNoWatches):
 		return c.syncByRead(ctx)
 	}
 	return err
@@ -57,7 +59,7 @@ func (c *viewCore[T]) sync(ctx context.Context) error {
 
 // syncByRead is Sync without progress requests: one linearizable read of
 // the range's freshness, then a wait for a state that matches it.
-func (c *viewCore[T]) syncByRead(ctx context.Context) error {
+func (c *core[T]) syncByRead(ctx context.Context) error {
 	f, err := c.reads.fresh(ctx)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package etcdwatch_test
+package view_test
 
 import (
 	"context"
@@ -7,20 +7,21 @@ import (
 	"log"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // A service's configuration as a live table: every key under config/,
 // decoded from JSON, read locally, and followed change by change. The
 // etcdwatchtest module has a runnable view example, and examples/configwatch
 // a whole program.
-func ExampleNewView() {
+func ExampleNew() {
 	type Config struct {
 		Replicas int    `json:"replicas"`
 		Image    string `json:"image"`
 	}
-	var s *etcdwatch.Stream // opened as in the package example
+	var s *etcdwatch.Stream // opened as in etcdwatch's package example
 	ctx := context.Background()
-	v, err := etcdwatch.NewView(ctx, s, etcdwatch.Prefix("config/"), etcdwatch.DecodeJSON[Config])
+	v, err := view.New(ctx, s, etcdwatch.Prefix("config/"), view.DecodeJSON[Config])
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -44,27 +45,27 @@ func ExampleNewView() {
 	defer sub.Close()
 	for {
 		b, err := sub.Next(ctx)
-		if errors.Is(err, etcdwatch.ErrViewClosed) || errors.Is(err, etcdwatch.ErrClosed) {
+		if errors.Is(err, view.ErrClosed) || errors.Is(err, etcdwatch.ErrClosed) {
 			return
 		}
 		if err != nil {
 			log.Fatal(err) // ctx's end, or the server's refusal of the view (v.Err)
 		}
 		switch b.Kind {
-		case etcdwatch.Resync:
+		case view.Resync:
 			// The whole state at b.Revision, every key Created: start over
 			// from it (it comes to a subscriber that fell too far behind).
 			fmt.Println("resync at", b.Revision)
-		case etcdwatch.Relisted:
+		case view.Relisted:
 			// The view's watch was compacted away and it listed again:
 			// Changes is exactly what differs between b.From and b.Revision.
 			fmt.Println("relisted at", b.Revision)
 		}
 		for _, ch := range b.Changes {
 			switch ch.Kind {
-			case etcdwatch.Created, etcdwatch.Updated:
+			case view.Created, view.Updated:
 				fmt.Printf("%s %s: %+v\n", ch.Kind, ch.Key, ch.Entry.Value)
-			case etcdwatch.Deleted:
+			case view.Deleted:
 				fmt.Printf("deleted %s (was %+v)\n", ch.Key, ch.Prev.Value)
 			}
 		}
@@ -75,7 +76,7 @@ func ExampleNewView() {
 // Sync returns, since Sync waits until the view is at least as fresh as a
 // linearizable read made when it was called.
 func ExampleView_Sync() {
-	var v *etcdwatch.View[[]byte] // from etcdwatch.NewView(ctx, s, etcdwatch.Prefix("config/"), etcdwatch.DecodeBytes)
+	var v *view.View[[]byte] // from view.New(ctx, s, etcdwatch.Prefix("config/"), view.DecodeBytes)
 	ctx := context.Background()
 	// ... put config/mode = "maintenance" with any etcd client ...
 	if err := v.Sync(ctx); err != nil {

@@ -1,8 +1,6 @@
-package etcdwatch
+package view
 
 import (
-	"iter"
-
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/etcdwatch/etcdwatch/internal/cow"
@@ -12,44 +10,32 @@ import (
 // published state it replaces, and records the difference: keys gone,
 // keys new, keys whose ModRevision moved (a different CreateRevision means
 // deleted and created again). A key whose ModRevision is unchanged keeps its
-// entry: it is neither decoded again nor reported.
+// entry: it is neither decoded again nor reported. A merge walks the two;
+// the differ is its outcomes. Owned by the goroutine listing.
 type differ[T any] struct {
-	c      *viewCore[T]
+	c      *core[T]
+	walk   *merge[*Entry[T]]
 	ed     *cow.Editor[*Entry[T]]
 	bytes  int64
 	record bool // keep changes: not for the first listing
 	build  bool // the base is empty: keys arrive in order, so Append
 
-	next    func() (string, *Entry[T], bool) // the base's keys in order
-	stop    func()
-	oldKey  string    // the base's next key not yet passed; valid while more
-	old     *Entry[T] // its entry
-	more    bool
 	changes []Change[T] // their Revision is the listing's, known at its end
 }
 
-func newDiffer[T any](c *viewCore[T], base *Snapshot[T], record bool) *differ[T] {
+func newDiffer[T any](c *core[T], base *Snapshot[T], record bool) *differ[T] {
 	d := &differ[T]{c: c, ed: base.m.Edit(), bytes: base.bytes, record: record, build: base.Len() == 0}
-	d.next, d.stop = iter.Pull2(base.m.All())
-	d.advance()
+	d.walk = newMerge(base.m.All(), d)
 	return d
 }
 
-func (d *differ[T]) advance() { d.oldKey, d.old, d.more = d.next() }
-
 // take is the listing's callback, for each key in order.
-func (d *differ[T]) take(kv *mvccpb.KeyValue) error {
-	for d.more && d.oldKey < string(kv.Key) {
-		d.gone()
-	}
-	if d.more && d.oldKey == string(kv.Key) {
-		old := d.old
-		d.advance()
-		if old.ModRevision != kv.ModRevision {
-			d.changed(old, kv)
-		}
-		return nil
-	}
+func (d *differ[T]) take(kv *mvccpb.KeyValue) error { return d.walk.take(kv) }
+
+func (d *differ[T]) stop() { d.walk.stop() }
+
+// listedOnly adds a key the base does not have.
+func (d *differ[T]) listedOnly(kv *mvccpb.KeyValue) {
 	e := d.entry(string(kv.Key), kv)
 	if d.build {
 		d.ed.Append(e.Key, e)
@@ -58,15 +44,13 @@ func (d *differ[T]) take(kv *mvccpb.KeyValue) error {
 	}
 	d.bytes += int64(e.size)
 	d.note(Change[T]{Kind: Created, Key: e.Key, Entry: e})
-	return nil
 }
 
-func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) *Entry[T] {
-	return d.c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
-}
-
-// changed replaces old, whose key the listing has with another revision.
-func (d *differ[T]) changed(old *Entry[T], kv *mvccpb.KeyValue) {
+// both replaces old, whose key the listing has, if its revision moved.
+func (d *differ[T]) both(old *Entry[T], kv *mvccpb.KeyValue) {
+	if old.ModRevision == kv.ModRevision {
+		return
+	}
 	e := d.entry(old.Key, kv)
 	d.ed.Set(e.Key, e)
 	d.bytes += int64(e.size - old.size)
@@ -78,12 +62,15 @@ func (d *differ[T]) changed(old *Entry[T], kv *mvccpb.KeyValue) {
 	d.note(Change[T]{Kind: Updated, Key: e.Key, Entry: e, Prev: old})
 }
 
-// gone deletes the base's next key, which the listing passed without.
-func (d *differ[T]) gone() {
-	d.ed.Delete(d.oldKey)
-	d.bytes -= int64(d.old.size)
-	d.note(Change[T]{Kind: Deleted, Key: d.oldKey, Prev: d.old})
-	d.advance()
+// stateOnly deletes a key of the base that the listing passed without.
+func (d *differ[T]) stateOnly(key string, old *Entry[T]) {
+	d.ed.Delete(key)
+	d.bytes -= int64(old.size)
+	d.note(Change[T]{Kind: Deleted, Key: key, Prev: old})
+}
+
+func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) *Entry[T] {
+	return d.c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
 }
 
 func (d *differ[T]) note(ch Change[T]) {
@@ -92,11 +79,10 @@ func (d *differ[T]) note(ch Change[T]) {
 	}
 }
 
-// finish deletes the base's keys after the listing's last, at revision rev.
+// finish deletes the base's keys after the listing's last, and gives every
+// change the listing's revision rev.
 func (d *differ[T]) finish(rev int64) {
-	for d.more {
-		d.gone()
-	}
+	d.walk.finish()
 	for i := range d.changes {
 		d.changes[i].Revision = rev
 	}

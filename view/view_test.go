@@ -1,4 +1,4 @@
-package etcdwatch_test
+package view_test
 
 import (
 	"context"
@@ -10,31 +10,83 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+	"github.com/etcdwatch/etcdwatch/view"
 )
+
+// wait bounds every wait of these tests; nothing is timed.
+const wait = ws.Timeout
+
+// harness is a Stream on a scripted server, and the server's side of the
+// Stream's Watch stream.
+type harness struct {
+	t      *testing.T
+	s      *etcdwatch.Stream
+	server *ws.Server
+	srv    *ws.Stream
+}
+
+func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
+	t.Helper()
+	return harnessOn(t, ws.Start(t), opts...)
+}
+
+// harnessOn opens a Stream on server, closed when the test ends.
+func harnessOn(t *testing.T, server *ws.Server, opts ...etcdwatch.Option) *harness {
+	t.Helper()
+	s, err := etcdwatch.Open(server.Dial(t), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+}
+
+// recv waits for the result of a call made in the background; call names
+// the call in the failure.
+func recv[T any](t *testing.T, ch <-chan T, call string) T {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(wait):
+		t.Fatalf("%s did not return", call)
+		var zero T
+		return zero
+	}
+}
+
+// ended waits for Done of v, failing the test after wait.
+func ended[T any](t *testing.T, v *view.View[T]) {
+	t.Helper()
+	select {
+	case <-v.Done():
+	case <-time.After(wait):
+		t.Fatal("the view did not end")
+	}
+}
 
 // viewHarness is a view on a scripted server: the harness's Stream, the
 // server's KV, and the id of the view's current server-side watch.
 type viewHarness[T any] struct {
 	*harness
 	kv *ws.KV
-	v  *etcdwatch.View[T]
+	v  *view.View[T]
 	id int64
 }
 
 type viewResult[T any] struct {
-	v   *etcdwatch.View[T]
+	v   *view.View[T]
 	err error
 }
 
-func newViewAsync[T any](h *harness, r etcdwatch.Request, decode etcdwatch.Decoder[T], opts ...etcdwatch.ViewOption) <-chan viewResult[T] {
+func newViewAsync[T any](h *harness, r etcdwatch.Request, decode view.Decoder[T], opts ...view.Option) <-chan viewResult[T] {
 	ch := make(chan viewResult[T], 1)
 	go func() {
-		v, err := etcdwatch.NewView(context.Background(), h.s, r, decode, opts...)
+		v, err := view.New(context.Background(), h.s, r, decode, opts...)
 		ch <- viewResult[T]{v, err}
 	}()
 	return ch
@@ -42,12 +94,12 @@ func newViewAsync[T any](h *harness, r etcdwatch.Request, decode etcdwatch.Decod
 
 // openView opens a view of prefix "v/" and confirms its watch, which must
 // start right after the revision the KV had when listed.
-func openView[T any](h *harness, decode etcdwatch.Decoder[T], opts ...etcdwatch.ViewOption) *viewHarness[T] {
+func openView[T any](h *harness, decode view.Decoder[T], opts ...view.Option) *viewHarness[T] {
 	h.t.Helper()
 	vh := &viewHarness[T]{harness: h, kv: h.server.KV()}
 	res := newViewAsync(h, etcdwatch.Prefix("v/"), decode, opts...)
 	vh.confirm()
-	r := recv(h.t, res, "NewView")
+	r := recv(h.t, res, "view.New")
 	require.NoError(h.t, r.err)
 	vh.v = r.v
 	h.t.Cleanup(func() { r.v.Close() })
@@ -77,12 +129,18 @@ func (vh *viewHarness[T]) send(events ...*mvccpb.Event) {
 
 func (vh *viewHarness[T]) waitFor(rev int64) {
 	vh.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	require.NoError(vh.t, vh.v.WaitForRevision(ctx, rev))
+	waitFor(vh.t, vh.v, rev)
 }
 
-func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Batch[T] {
+// waitFor waits until v has applied every change up to rev.
+func waitFor[T any](t *testing.T, v *view.View[T], rev int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.NoError(t, v.WaitForRevision(ctx, rev))
+}
+
+func nextBatch[T any](t *testing.T, sub *view.Subscription[T]) view.Batch[T] {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
@@ -92,7 +150,7 @@ func nextBatch[T any](t *testing.T, sub *etcdwatch.Subscription[T]) etcdwatch.Ba
 }
 
 // summary is a batch's changes as "kind key" strings, in order.
-func summary[T any](b etcdwatch.Batch[T]) []string {
+func summary[T any](b view.Batch[T]) []string {
 	var s []string
 	for _, ch := range b.Changes {
 		s = append(s, ch.Kind.String()+" "+ch.Key)
@@ -100,7 +158,7 @@ func summary[T any](b etcdwatch.Batch[T]) []string {
 	return s
 }
 
-func viewKeys[T any](v *etcdwatch.View[T]) []string {
+func viewKeys[T any](v *view.View[T]) []string {
 	var ks []string
 	for k := range v.All() {
 		ks = append(ks, k)
@@ -122,7 +180,7 @@ func TestViewListsPagesAtOneRevision(t *testing.T) {
 	kv := h.server.KV()
 	putKeys(kv, 7)
 	kv.Put("w/outside", "x")
-	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(3))
+	vh := openView(h, view.DecodeBytes, view.WithPageSize(3))
 	reqs := kv.Requests()
 	require.Len(t, reqs, 3, "three pages, after a RangeStream refused")
 	rev := kv.Revision()
@@ -153,7 +211,7 @@ func TestViewUsesRangeStream(t *testing.T) {
 	kv := h.server.KV()
 	kv.ServeStreams(2)
 	putKeys(kv, 5)
-	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(1))
+	vh := openView(h, view.DecodeBytes, view.WithPageSize(1))
 	require.Len(t, kv.Requests(), 1)
 	require.Zero(t, kv.Requests()[0].Limit)
 	require.Equal(t, 5, vh.v.Len())
@@ -168,12 +226,12 @@ func TestViewRetriesAListingThatMayWork(t *testing.T) {
 	kv := h.server.KV()
 	putKeys(kv, 4)
 	kv.FailNext(status.Error(codes.Unavailable, "leader changed"), nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"))
-	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithPageSize(2))
+	vh := openView(h, view.DecodeBytes, view.WithPageSize(2))
 	require.Equal(t, 4, vh.v.Len())
 
 	kv.FailNext(status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
-	res := newViewAsync(h, etcdwatch.Prefix("other/"), etcdwatch.DecodeBytes)
-	r := recv(t, res, "NewView")
+	res := newViewAsync(h, etcdwatch.Prefix("other/"), view.DecodeBytes)
+	r := recv(t, res, "view.New")
 	require.Equal(t, codes.PermissionDenied, status.Code(r.err), "%v", r.err)
 	require.Nil(t, r.v)
 }
@@ -184,14 +242,14 @@ func TestViewAppliesEventsAndReportsThem(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
 	putKeys(kv, 2)
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	start := vh.v.Revision()
 	sub := vh.v.Subscribe(start + 1)
 	vh.send(kv.PutEvent("v/00", "new"), kv.PutEvent("v/09", "nine"))
 	vh.send(kv.DeleteEvent("v/01"))
 
 	b := nextBatch(t, sub)
-	require.Equal(t, etcdwatch.Events, b.Kind)
+	require.Equal(t, view.Events, b.Kind)
 	require.Equal(t, start, b.From)
 	require.Equal(t, []string{"updated v/00", "created v/09"}, summary(b))
 	require.Equal(t, "0", string(b.Changes[0].Prev.Value))
@@ -214,7 +272,7 @@ func TestViewRelistsWithTheExactDifference(t *testing.T) {
 	for _, k := range []string{"same", "upd", "del", "recreate"} {
 		kv.Put("v/"+k, "1")
 	}
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	start := vh.v.Revision()
 	sub := vh.v.Subscribe(start + 1)
 
@@ -227,7 +285,7 @@ func TestViewRelistsWithTheExactDifference(t *testing.T) {
 	vh.confirm()
 
 	b := nextBatch(t, sub)
-	require.Equal(t, etcdwatch.Relisted, b.Kind)
+	require.Equal(t, view.Relisted, b.Kind)
 	require.Equal(t, start, b.From)
 	require.Equal(t, kv.Revision(), b.Revision)
 	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd"}, summary(b))
@@ -247,13 +305,13 @@ func TestViewRepairsWhatAnIntegrityCheckFinds(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
 	putKeys(kv, 3)
-	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithIntegrityCheck(5*time.Millisecond))
+	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
 	sub := vh.v.Subscribe(vh.v.Revision() + 1)
 	kv.Put("v/lost", "x") // no event: the view is now wrong
 	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
 	vh.confirm()
 	b := nextBatch(t, sub)
-	require.Equal(t, etcdwatch.Relisted, b.Kind)
+	require.Equal(t, view.Relisted, b.Kind)
 	require.Equal(t, []string{"created v/lost"}, summary(b))
 	st := vh.v.Stats()
 	require.GreaterOrEqual(t, st.IntegrityMismatches, uint64(1))
@@ -265,7 +323,7 @@ func TestViewRepairsWhatAnIntegrityCheckFinds(t *testing.T) {
 func TestViewSyncWaitsForTheProgressAnswer(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	ev := kv.PutEvent("v/a", "1")
 	done := make(chan error, 1)
 	go func() { done <- vh.v.Sync(context.Background()) }()
@@ -281,14 +339,10 @@ func TestViewSyncWaitsForTheProgressAnswer(t *testing.T) {
 // unsafe, Sync reads the range's count and newest revision and waits for a
 // state that matches them.
 func TestViewSyncWithoutProgress(t *testing.T) {
-	server := ws.StartRelease(t, "3.4.23")
-	s, err := etcdwatch.Open(server.Dial(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
-	kv := server.KV()
+	h := harnessOn(t, ws.StartRelease(t, "3.4.23"))
+	kv := h.server.KV()
 	putKeys(kv, 2)
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	kv.Put("w/elsewhere", "x")
 	require.NoError(t, vh.v.Sync(context.Background()), "nothing changed in the range")
 
@@ -313,19 +367,19 @@ func TestViewSyncWithoutProgress(t *testing.T) {
 func TestSubscriberThatFallsBehindGetsAResync(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
-	vh := openView(h, etcdwatch.DecodeBytes, etcdwatch.WithHistoryBytes(300))
+	vh := openView(h, view.DecodeBytes, view.WithHistoryBytes(300))
 	start := vh.v.Revision()
 	slow, fast := vh.v.Subscribe(start+1), vh.v.Subscribe(start+1)
 	from := start
 	for i := range 20 {
 		vh.send(kv.PutEvent(fmt.Sprintf("v/%02d", i), "value"))
 		b := nextBatch(t, fast)
-		require.Equal(t, etcdwatch.Events, b.Kind)
+		require.Equal(t, view.Events, b.Kind)
 		require.Equal(t, from, b.From)
 		from = b.Revision
 	}
 	b := nextBatch(t, slow)
-	require.Equal(t, etcdwatch.Resync, b.Kind)
+	require.Equal(t, view.Resync, b.Kind)
 	require.Equal(t, vh.v.Revision(), b.Revision)
 	require.Len(t, b.Changes, 20)
 	require.EqualValues(t, 1, vh.v.Stats().Resyncs)
@@ -340,7 +394,7 @@ func TestSubscriberThatFallsBehindGetsAResync(t *testing.T) {
 func TestSubscribeReplaysFromARevision(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	a, b, c := kv.PutEvent("v/a", "1"), kv.PutEvent("v/b", "1"), kv.PutEvent("v/c", "1")
 	vh.send(a, b, c) // one response: revisions a, b and c in one batch
 	sub := vh.v.Subscribe(b.Kv.ModRevision)
@@ -350,7 +404,7 @@ func TestSubscribeReplaysFromARevision(t *testing.T) {
 
 	all := vh.v.Subscribe(0)
 	got = nextBatch(t, all)
-	require.Equal(t, etcdwatch.Resync, got.Kind)
+	require.Equal(t, view.Resync, got.Kind)
 	require.Equal(t, []string{"created v/a", "created v/b", "created v/c"}, summary(got))
 	require.Zero(t, vh.v.Stats().Resyncs, "asked for, not fallen behind")
 }
@@ -364,7 +418,7 @@ func TestViewKeepsKeysItCannotDecode(t *testing.T) {
 	kv := h.server.KV()
 	kv.Put("v/good", `{"N":1}`)
 	kv.Put("v/bad", `{`)
-	vh := openView(h, etcdwatch.DecodeJSON[config])
+	vh := openView(h, view.DecodeJSON[config])
 	require.Equal(t, 2, vh.v.Len())
 	e, _ := vh.v.Get("v/bad")
 	require.Error(t, e.Err)
@@ -389,15 +443,11 @@ func TestViewKeepsKeysItCannotDecode(t *testing.T) {
 func TestViewEndsWithItsWatch(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
-	vh := openView(h, etcdwatch.DecodeBytes)
+	vh := openView(h, view.DecodeBytes)
 	sub := vh.v.Subscribe(vh.v.Revision() + 1)
 	vh.send(kv.PutEvent("v/a", "1"))
-	vh.srv.Send(t, &pb.WatchResponse{Header: ws.Header(1), WatchId: vh.id, Canceled: true, CancelReason: "etcdserver: permission denied"})
-	select {
-	case <-vh.v.Done():
-	case <-time.After(wait):
-		t.Fatal("view did not end")
-	}
+	vh.refuse()
+	ended(t, vh.v)
 	require.ErrorIs(t, vh.v.Err(), etcdwatch.ErrPermissionDenied)
 	require.Equal(t, []string{"created v/a"}, summary(nextBatch(t, sub)))
 	_, err := sub.Next(context.Background())
@@ -405,85 +455,206 @@ func TestViewEndsWithItsWatch(t *testing.T) {
 	require.ErrorIs(t, vh.v.WaitForRevision(context.Background(), 1<<40), etcdwatch.ErrPermissionDenied)
 }
 
-// TestViewsOfOneRangeShareAWatch: a second view like the first takes its
-// state without a listing or a watch of its own; the watch goes with the
-// last of them, and a view decoding otherwise has its own.
-func TestViewsOfOneRangeShareAWatch(t *testing.T) {
+// refuse ends the view's watch as etcd does a revoked permission.
+func (vh *viewHarness[T]) refuse() {
+	vh.t.Helper()
+	vh.srv.Send(vh.t, &pb.WatchResponse{Header: ws.Header(1), WatchId: vh.id, Canceled: true, CancelReason: "etcdserver: permission denied"})
+}
+
+// requestsBefore returns every request the Stream sent before a
+// RequestProgress issued now, and answers that at the KV's revision: the
+// dispatcher handles commands in order, so the requests it wrote before the
+// progress request are all it had to write. The Stream must have a watch.
+func (h *harness) requestsBefore() []*pb.WatchRequest {
+	h.t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.s.RequestProgress(context.Background())
+		done <- err
+	}()
+	var before []*pb.WatchRequest
+	for req := h.srv.Recv(h.t); req.GetProgressRequest() == nil; req = h.srv.Recv(h.t) {
+		before = append(before, req)
+	}
+	h.srv.Send(h.t, ws.Progress(-1, h.server.KV().Revision()))
+	require.NoError(h.t, recv(h.t, done, "RequestProgress"))
+	return before
+}
+
+// plainWatch opens a watch of key on the Stream, so that it answers
+// progress requests (requestsBefore) whatever its views do, and reads it
+// until it ends.
+func (h *harness) plainWatch(key string) {
+	h.t.Helper()
+	res := make(chan error, 1)
+	go func() { // returns when the watch ends, at the Stream's Close at the latest
+		w, err := h.s.Watch(context.Background(), etcdwatch.Key(key))
+		res <- err
+		if err == nil {
+			for range w.Responses() {
+			}
+		}
+	}()
+	c := h.srv.RecvCreate(h.t)
+	h.srv.Send(h.t, ws.Created(c.WatchId, h.server.KV().Revision()))
+	require.NoError(h.t, recv(h.t, res, "Watch"))
+}
+
+// TestShareFollowsTheSameWatch: a View from Share takes the state as it is,
+// without a listing or a watch of its own, and follows the one watch. Close
+// of the first ends that View only, and sends the server nothing; Close of
+// the last cancels the watch and returns once the state's goroutines have.
+func TestShareFollowsTheSameWatch(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
 	putKeys(kv, 2)
-	first := openView(h, etcdwatch.DecodeBytes)
+	h.plainWatch("elsewhere")
+	before := goleak.IgnoreCurrent()
+	first := openView(h, view.DecodeBytes)
 	listed := len(kv.Requests())
-	second, err := etcdwatch.NewView(context.Background(), h.s, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
-	require.NoError(t, err)
-	require.Len(t, kv.Requests(), listed, "no listing of its own")
+	second := first.v.Share()
+	t.Cleanup(func() { second.Close() })
+	require.Equal(t, first.v.Snapshot(), second.Snapshot(), "the state as it is")
 	first.send(kv.PutEvent("v/a", "1"))
+	waitFor(t, second, kv.Revision())
 	_, ok := second.Get("v/a")
 	require.True(t, ok)
-	require.NoError(t, first.v.Close())
-	h.srv.Send(t, ws.Events(first.id, kv.Revision()+1, kv.PutEvent("v/b", "1")))
-	require.NoError(t, second.WaitForRevision(context.Background(), kv.Revision()))
-	require.ErrorIs(t, first.v.Err(), etcdwatch.ErrViewClosed, "closed, though its state lives on")
-	<-first.v.Done()
-	require.ErrorIs(t, first.v.WaitForRevision(context.Background(), 1<<40), etcdwatch.ErrViewClosed)
-	_, err = first.v.Subscribe(0).Next(context.Background())
-	require.ErrorIs(t, err, etcdwatch.ErrViewClosed)
-	require.NoError(t, second.Err())
+	require.Len(t, kv.Requests(), listed, "no listing of its own")
 
-	upper := func(_, v []byte) (string, error) { return string(v) + "!", nil }
-	other := openView(h, upper)
-	e, _ := other.v.Get("v/a")
-	require.Equal(t, "1!", e.Value)
+	require.NoError(t, first.v.Close())
+	require.ErrorIs(t, first.v.Err(), view.ErrClosed, "closed, though its state lives on")
+	select {
+	case <-first.v.Done():
+	default:
+		t.Fatal("Close returned before Done was closed")
+	}
+	require.ErrorIs(t, first.v.WaitForRevision(context.Background(), 1<<40), view.ErrClosed)
+	_, err := first.v.Subscribe(0).Next(context.Background())
+	require.ErrorIs(t, err, view.ErrClosed)
+	require.NoError(t, second.Err())
+	require.Empty(t, h.requestsBefore(), "a View's Close while another shares its state sends nothing")
+	ev := kv.PutEvent("v/b", "1")
+	h.srv.Send(t, ws.Events(first.id, kv.Revision(), ev))
+	waitFor(t, second, ev.Kv.ModRevision)
 
 	require.NoError(t, second.Close())
-	require.Equal(t, first.id, h.srv.RecvCancel(t), "the last view takes the watch with it")
-	require.ErrorIs(t, second.Err(), etcdwatch.ErrViewClosed)
+	select {
+	case <-second.Done():
+	default:
+		t.Fatal("the last Close returned before Done was closed")
+	}
+	require.ErrorIs(t, second.Err(), view.ErrClosed)
+	reqs := h.requestsBefore()
+	require.Len(t, reqs, 1, "the last View takes the watch with it, before its Close returns")
+	require.Equal(t, first.id, reqs[0].GetCancelRequest().GetWatchId())
+	goleak.VerifyNone(t, before) // the state's goroutines returned with the last Close
 }
 
-// TestNewViewRefusesWhatCannotWork: arguments and options are checked
-// before anything is sent.
-func TestNewViewRefusesWhatCannotWork(t *testing.T) {
+// TestNewDoesNotShare: each New has a state and a watch of its own, so
+// closing one leaves the other's watch alone.
+func TestNewDoesNotShare(t *testing.T) {
+	h := newHarness(t)
+	first := openView(h, view.DecodeBytes)
+	second := openView(h, view.DecodeBytes) // its own listing and create, confirmed
+	require.NotEqual(t, first.id, second.id)
+	require.NoError(t, first.v.Close())
+	require.Equal(t, first.id, h.srv.RecvCancel(t))
+	require.NoError(t, second.v.Err())
+}
+
+// TestShareOfAnEndedView: Share of a closed View, or of one whose state has
+// ended, returns a View that has ended alike, not one of a state that goes
+// on or of a new one.
+func TestShareOfAnEndedView(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 1)
+	first := openView(h, view.DecodeBytes)
+	second := first.v.Share()
+	t.Cleanup(func() { second.Close() })
+	require.NoError(t, first.v.Close())
+
+	closed := first.v.Share()
+	select {
+	case <-closed.Done():
+	default:
+		t.Fatal("Share of a closed View is running")
+	}
+	require.ErrorIs(t, closed.Err(), view.ErrClosed)
+	_, err := closed.Subscribe(0).Next(context.Background())
+	require.ErrorIs(t, err, view.ErrClosed)
+	require.NoError(t, closed.Close())
+	require.NoError(t, second.Err(), "closing an ended Share ends nothing else")
+
+	first.refuse()
+	ended(t, second)
+	late := second.Share()
+	select {
+	case <-late.Done():
+	default:
+		t.Fatal("Share of an ended View is running")
+	}
+	require.ErrorIs(t, late.Err(), etcdwatch.ErrPermissionDenied)
+	require.ErrorIs(t, late.WaitForRevision(context.Background(), 1<<40), etcdwatch.ErrPermissionDenied)
+	require.Equal(t, second.Snapshot(), late.Snapshot(), "the state as it ended")
+	require.NoError(t, late.Close())
+	require.ErrorIs(t, late.Err(), etcdwatch.ErrPermissionDenied, "Close of an ended View keeps why it ended")
+}
+
+// TestNewRefusesWhatCannotWork: arguments and options are checked before
+// anything is sent.
+func TestNewRefusesWhatCannotWork(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	for name, c := range map[string]struct {
-		s    *etcdwatch.Stream
+		src  view.Source
 		r    etcdwatch.Request
-		opts []etcdwatch.ViewOption
+		opts []view.Option
 		is   error
 	}{
-		"nil stream": {nil, etcdwatch.Prefix("v/"), nil, etcdwatch.ErrInvalidArgument},
+		"nil source": {nil, etcdwatch.Prefix("v/"), nil, etcdwatch.ErrInvalidArgument},
+		"nil stream": {(*etcdwatch.Stream)(nil), etcdwatch.Prefix("v/"), nil, etcdwatch.ErrInvalidArgument},
 		"revision":   {h.s, etcdwatch.Prefix("v/").FromRevision(3), nil, etcdwatch.ErrInvalidRequest},
 		"filter":     {h.s, etcdwatch.Prefix("v/").WithoutDeletes(), nil, etcdwatch.ErrInvalidRequest},
 		"no key":     {h.s, etcdwatch.Request{}, nil, etcdwatch.ErrInvalidRequest},
-		"history":    {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithHistoryBytes(0)}, etcdwatch.ErrInvalidArgument},
-		"page":       {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithPageSize(0)}, etcdwatch.ErrInvalidArgument},
-		"integrity":  {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithIntegrityCheck(-1)}, etcdwatch.ErrInvalidArgument},
-		"bookmark":   {h.s, etcdwatch.Prefix("v/"), []etcdwatch.ViewOption{etcdwatch.WithBookmarkInterval(-1)}, etcdwatch.ErrInvalidArgument},
+		"history":    {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithHistoryBytes(0)}, etcdwatch.ErrInvalidArgument},
+		"page":       {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithPageSize(0)}, etcdwatch.ErrInvalidArgument},
+		"integrity":  {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithIntegrityCheck(-1)}, etcdwatch.ErrInvalidArgument},
+		"bookmark":   {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithBookmarkInterval(-1)}, etcdwatch.ErrInvalidArgument},
 	} {
 		t.Run(name, func(t *testing.T) {
-			v, err := etcdwatch.NewView(ctx, c.s, c.r, etcdwatch.DecodeBytes, c.opts...)
+			v, err := view.New(ctx, c.src, c.r, view.DecodeBytes, c.opts...)
 			require.ErrorIs(t, err, c.is)
 			require.Nil(t, v)
 		})
 	}
-	_, err := etcdwatch.NewView[[]byte](ctx, h.s, etcdwatch.Prefix("v/"), nil)
+	_, err := view.New[[]byte](ctx, h.s, etcdwatch.Prefix("v/"), nil)
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 	require.Empty(t, h.server.KV().Requests(), "nothing listed")
 }
 
-// TestStreamCloseEndsItsViews: Close ends every view with ErrClosed and
-// waits for them; NewView on a closed Stream fails.
+// TestStreamCloseEndsItsViews: the Stream's Close ends every View of every
+// state with etcdwatch.ErrClosed, Done closing once the state's goroutines
+// have returned; subscribers get what was published first. New on a closed
+// Stream fails.
 func TestStreamCloseEndsItsViews(t *testing.T) {
 	h := newHarness(t)
-	vh := openView(h, etcdwatch.DecodeBytes)
+	kv := h.server.KV()
+	before := goleak.IgnoreCurrent()
+	vh := openView(h, view.DecodeBytes)
+	shared := vh.v.Share()
+	sub := shared.Subscribe(vh.v.Revision() + 1)
+	vh.send(kv.PutEvent("v/a", "1"))
 	require.NoError(t, h.s.Close())
-	select {
-	case <-vh.v.Done():
-	default:
-		t.Fatal("Close returned before the view ended")
+	for _, v := range []*view.View[[]byte]{vh.v, shared} {
+		ended(t, v)
+		require.ErrorIs(t, v.Err(), etcdwatch.ErrClosed)
 	}
-	require.ErrorIs(t, vh.v.Err(), etcdwatch.ErrClosed)
-	_, err := etcdwatch.NewView(context.Background(), h.s, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
+	goleak.VerifyNone(t, before) // after Done, nothing of the view or the Stream runs
+	require.Equal(t, []string{"created v/a"}, summary(nextBatch(t, sub)))
+	_, err := sub.Next(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	_, err = view.New(context.Background(), h.s, etcdwatch.Prefix("v/"), view.DecodeBytes)
 	require.ErrorIs(t, err, etcdwatch.ErrClosed)
 }
 
@@ -494,13 +665,13 @@ func TestViewRetriesAWatchNotConfirmedInTime(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithCreateTimeout(20*time.Millisecond), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
 	kv := h.server.KV()
 	putKeys(kv, 2)
-	res := newViewAsync(h, etcdwatch.Prefix("v/"), etcdwatch.DecodeBytes)
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), view.DecodeBytes)
 	late := h.srv.RecvCreate(t) // not answered in time: the call fails, the view lists again
 	again := h.srv.RecvCreate(t)
 	h.srv.Send(t, ws.Created(late.WatchId, kv.Revision()))
 	require.Equal(t, late.WatchId, h.srv.RecvCancel(t), "the late watch is let go")
 	h.srv.Send(t, ws.Created(again.WatchId, kv.Revision()))
-	r := recv(t, res, "NewView")
+	r := recv(t, res, "view.New")
 	require.NoError(t, r.err)
 	t.Cleanup(func() { r.v.Close() })
 	require.Equal(t, 2, r.v.Len())

@@ -1,25 +1,27 @@
-package etcdwatch
+package view
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/etcdwatch/etcdwatch"
 )
 
-// ViewOption configures a View. Options are applied in order over the
-// defaults, then validated together by NewView.
-type ViewOption func(*viewOptions)
+// Option configures a View. Options are applied in order over the
+// defaults, then validated together by New. Views of a state (Share) share
+// its options.
+type Option func(*options)
 
-// viewOptions is comparable: views of one range share their state only when
-// their options are equal.
-type viewOptions struct {
+// options are a state's settings, read only once New has validated them.
+type options struct {
 	historyBytes int
 	pageSize     int
 	integrity    time.Duration
 	bookmark     time.Duration
 }
 
-func defaultViewOptions() viewOptions {
-	return viewOptions{
+func defaultOptions() options {
+	return options{
 		historyBytes: 8 << 20,
 		pageSize:     1000,
 		bookmark:     time.Minute,
@@ -31,43 +33,43 @@ func defaultViewOptions() viewOptions {
 // bytes a change. A subscriber that falls further behind gets a resync
 // rather than holding the view up; the newest batch is kept whatever its
 // size. Default 8 MiB; at least 1.
-func WithHistoryBytes(n int) ViewOption { return func(o *viewOptions) { o.historyBytes = n } }
+func WithHistoryBytes(n int) Option { return func(o *options) { o.historyBytes = n } }
 
 // WithPageSize sets how many keys a Range of the view's listing asks for at
 // a time, on servers before etcd 3.7 (etcd 3.7 streams the range in chunks
 // of its own choosing). Default 1000, as clientv3's mirror; at least 1.
-func WithPageSize(keys int) ViewOption { return func(o *viewOptions) { o.pageSize = keys } }
+func WithPageSize(keys int) Option { return func(o *options) { o.pageSize = keys } }
 
 // WithIntegrityCheck makes the view compare itself, every interval, with a
 // Range of its range at the view's revision (keys and revisions, without
 // values). A mismatch, which only a bug or a server fault can cause, is
-// counted (ViewStats.IntegrityMismatches), logged at Error on the Stream's
+// counted (Stats.IntegrityMismatches), logged at Error on the Source's
 // logger, and repaired by a relist. Default 0: off; at least 0.
-func WithIntegrityCheck(interval time.Duration) ViewOption {
-	return func(o *viewOptions) { o.integrity = interval }
+func WithIntegrityCheck(interval time.Duration) Option {
+	return func(o *options) { o.integrity = interval }
 }
 
 // WithBookmarkInterval sets how long a view may go without hearing from the
-// server before it asks for progress (Stream.RequestProgress), so that its
+// server before it asks for progress (Source.RequestProgress), so that its
 // revision, and the revision its watch would resume from after a reconnect,
 // keep up with the store even when nobody writes its range: an idle range is
 // then not compacted out from under it. 0 leaves that to the server's own
 // progress notifications (every 10 minutes by default). Default 1 minute;
 // at least 0.
-func WithBookmarkInterval(d time.Duration) ViewOption {
-	return func(o *viewOptions) { o.bookmark = d }
+func WithBookmarkInterval(d time.Duration) Option {
+	return func(o *options) { o.bookmark = d }
 }
 
-func (o viewOptions) validate() error {
+func (o options) validate() error {
 	switch {
 	case o.historyBytes < 1:
-		return fmt.Errorf("%w: WithHistoryBytes(%d): at least 1", ErrInvalidArgument, o.historyBytes)
+		return fmt.Errorf("%w: WithHistoryBytes(%d): at least 1", etcdwatch.ErrInvalidArgument, o.historyBytes)
 	case o.pageSize < 1:
-		return fmt.Errorf("%w: WithPageSize(%d): at least 1", ErrInvalidArgument, o.pageSize)
+		return fmt.Errorf("%w: WithPageSize(%d): at least 1", etcdwatch.ErrInvalidArgument, o.pageSize)
 	case o.integrity < 0:
-		return fmt.Errorf("%w: WithIntegrityCheck(%v): at least 0", ErrInvalidArgument, o.integrity)
+		return fmt.Errorf("%w: WithIntegrityCheck(%v): at least 0", etcdwatch.ErrInvalidArgument, o.integrity)
 	case o.bookmark < 0:
-		return fmt.Errorf("%w: WithBookmarkInterval(%v): at least 0", ErrInvalidArgument, o.bookmark)
+		return fmt.Errorf("%w: WithBookmarkInterval(%v): at least 0", etcdwatch.ErrInvalidArgument, o.bookmark)
 	}
 	return nil
 }

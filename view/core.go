@@ -1,0 +1,198 @@
+package view
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// core is the state that Views of one range share. Its goroutine, a runner
+// started by New, lists the range, watches it and applies the watch's
+// responses; readers take the published Snapshot, which never changes, and
+// subscribers read the history. The fields are grouped by who writes them.
+type core[T any] struct {
+	// Set by newCore, then read only.
+	src    Source
+	req    etcdwatch.Request // the range, watched with bookmarks and fragments
+	decode Decoder[T]
+	opts   options
+	log    *slog.Logger
+	reads  *lister // Sync's reads (fresh, any goroutine) and the integrity check's listings (list, checkLoop only)
+
+	// What readers see: the runner publishes a state and the steps to it
+	// together, storing snap under hist.mu. stats are atomics, added to by
+	// whoever counts.
+	snap  atomic.Pointer[Snapshot[T]]
+	hist  history[T]
+	stats counters
+
+	// The state's life. ctx ends it (the last View closed, the Source's
+	// Context ended, or a refusal); start closes done once every goroutine
+	// of the state has returned, after writing err.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	ready  chan struct{}  // closed by the runner once the first state is published and watched; by finish if it never was
+	done   chan struct{}  // closed by finish
+	err    error          // why the state ended; written before done is closed
+	tasks  sync.WaitGroup // checkLoop and askProgress's requests; start waits for them
+
+	// Between the runner and its tasks.
+	repair chan struct{} // buffered 1: the integrity check asks the runner to list again
+	asking atomic.Bool   // a bookmark request is in flight
+	noAsk  atomic.Bool   // the server's progress answers are unsafe: never ask
+
+	// The Views of this state, each held by its done channel: closed by
+	// leave, or by finish for those still held. nil once the state has
+	// ended. Guarded by mu.
+	mu    sync.Mutex
+	holds map[chan struct{}]struct{}
+}
+
+// counters are added to by the state's goroutines and read by Stats.
+type counters struct {
+	relists, resyncs, decodeErrors atomic.Uint64
+	checks, mismatches             atomic.Uint64
+}
+
+func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o options) *core[T] {
+	// The state's context ends with the Source's, or when the last View
+	// goes (ErrClosed).
+	ctx, cancel := context.WithCancelCause(src.Context())
+	c := &core[T]{
+		src:    src,
+		req:    etcdwatch.Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
+		decode: decode,
+		opts:   o,
+		log:    src.Logger().With("view", r.String()),
+		reads:  newLister(src, r.Key, r.End, o.pageSize),
+		ctx:    ctx,
+		cancel: cancel,
+		ready:  make(chan struct{}),
+		done:   make(chan struct{}),
+		repair: make(chan struct{}, 1),
+		holds:  make(map[chan struct{}]struct{}),
+	}
+	c.hist.init(int64(o.historyBytes))
+	return c
+}
+
+// join holds the state for one more View and returns that View's done
+// channel; nil if from, the done channel of the View asking (nil for the
+// first), no longer holds it: closed, or the state has ended.
+func (c *core[T]) join(from chan struct{}) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.holds[from]; (from != nil && !ok) || c.holds == nil {
+		return nil
+	}
+	done := make(chan struct{})
+	c.holds[done] = struct{}{}
+	return done
+}
+
+// leave lets go of the hold of a View whose ctx has ended, and closes its
+// done. The last View to leave ends the state and first waits for its
+// goroutines. A hold the state's end has already taken is left to finish,
+// which closes its done.
+func (c *core[T]) leave(done chan struct{}) {
+	c.mu.Lock()
+	_, held := c.holds[done]
+	delete(c.holds, done)
+	last := held && len(c.holds) == 0
+	c.mu.Unlock()
+	if !held {
+		return
+	}
+	if last {
+		c.cancel(ErrClosed)
+		<-c.done
+	}
+	close(done)
+}
+
+// finish records why the state ended, wakes its waiters and subscribers,
+// and ends every View still holding it: their ctx ended with the state's.
+func (c *core[T]) finish(err error) {
+	c.err = err
+	c.hist.end()
+	close(c.done)
+	if c.snap.Load() == nil { // else the runner has closed ready
+		close(c.ready)
+	}
+	c.mu.Lock()
+	holds := c.holds
+	c.holds = nil
+	c.mu.Unlock()
+	for done := range holds {
+		close(done)
+	}
+}
+
+// failed returns why the state ended before it was first published; nil
+// once it was. Call after ready is closed.
+func (c *core[T]) failed() error {
+	if c.snap.Load() != nil {
+		return nil
+	}
+	<-c.done
+	return c.err
+}
+
+// statsNow is Stats of the state now.
+func (c *core[T]) statsNow() Stats {
+	s := c.snap.Load()
+	if s == nil {
+		s = &Snapshot[T]{}
+	}
+	subs, held := c.hist.size()
+	return Stats{
+		Keys:                s.Len(),
+		Bytes:               s.bytes,
+		Revision:            s.rev,
+		Lag:                 max(c.src.Stats().Revision-s.rev, 0),
+		Relists:             c.stats.relists.Load(),
+		Resyncs:             c.stats.resyncs.Load(),
+		DecodeErrors:        c.stats.decodeErrors.Load(),
+		IntegrityChecks:     c.stats.checks.Load(),
+		IntegrityMismatches: c.stats.mismatches.Load(),
+		Subscribers:         subs,
+		HistoryBytes:        held,
+	}
+}
+
+// entry decodes a value into a new Entry; a decode error is kept in it.
+func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int64) *Entry[T] {
+	val, err := c.decode(k, v)
+	if err != nil {
+		c.stats.decodeErrors.Add(1)
+		c.log.Debug("etcdwatch: view cannot decode a value", "key", key, "revision", mod, "err", err)
+		var zero T
+		val = zero
+	}
+	return &Entry[T]{
+		Key: key, Value: val, Err: err,
+		CreateRevision: create, ModRevision: mod, Version: version, Lease: lease,
+		size: len(k) + len(v),
+	}
+}
+
+// askProgress asks the Source for a bookmark in the background, one request
+// at a time, so that an idle range's revision keeps up with the store.
+func (c *core[T]) askProgress() {
+	if c.noAsk.Load() || !c.asking.CompareAndSwap(false, true) {
+		return
+	}
+	c.tasks.Go(func() { // returns when answered, refused, or after one interval; start waits
+		defer c.asking.Store(false)
+		ctx, cancel := context.WithTimeout(c.ctx, max(c.opts.bookmark, time.Second))
+		defer cancel()
+		if _, err := c.src.RequestProgress(ctx); errors.Is(err, etcdwatch.ErrProgressUnsupported) {
+			c.noAsk.Store(true) // the server's own notifications will do
+		}
+	})
+}

@@ -1,0 +1,23 @@
+// Package view keeps a typed, consistent copy of a range of etcd keys
+// current on an [etcdwatch.Stream]: it lists the range at one revision,
+// watches from there, applies whole revisions, and when its history is
+// compacted lists again and reports exactly what changed. Get, All and
+// Snapshot read one revision's state without holding it up; Subscribe
+// follows its changes from a bounded history; Sync reads your writes.
+//
+//	v, err := view.New(ctx, s, etcdwatch.Prefix("config/"), view.DecodeJSON[Config])
+//	if err != nil { ... }
+//	defer v.Close()
+//	e, ok := v.Get("config/web")
+//
+// A View is a wing of the Stream: it uses only the Stream's exported API,
+// as listed by Source, and ends with the Stream's Context. Share gives
+// another View of the same state and server-side watch.
+//
+// # Concurrency
+//
+// Every method of View and Snapshot is safe for concurrent use; a
+// Subscription's Next is for one goroutine at a time, its Close for any.
+// A View's state runs one goroutine (one more with WithIntegrityCheck, and
+// one while it asks for a bookmark); Done is closed once they have returned.
+package view

@@ -1,0 +1,62 @@
+package view
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// TestPacer: a response after a quiet spell is published at once; while
+// responses keep coming they wait for the gap since the last publication,
+// or until maxHeld of them wait.
+func TestPacer(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		after []time.Duration // arrival of each response after the last publication, at t0
+		want  []time.Duration // how long each may wait
+	}{
+		{"quiet", []time.Duration{5 * ms}, []time.Duration{0}},
+		{"at the gap", []time.Duration{ms}, []time.Duration{0}},
+		{"a burst", []time.Duration{0, ms / 4, ms / 2}, []time.Duration{ms, 3 * ms / 4, ms / 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := pacer{gap: ms}
+			p.published(t0)
+			for i, d := range tc.after {
+				require.Equal(t, tc.want[i], p.applied(t0.Add(d)), "response %d", i)
+			}
+		})
+	}
+	p := pacer{gap: ms}
+	p.published(t0)
+	for i := range maxHeld - 1 {
+		require.NotZero(t, p.applied(t0), "response %d", i)
+	}
+	require.Zero(t, p.applied(t0), "maxHeld responses are published at once")
+	p.published(t0)
+	require.NotZero(t, p.applied(t0), "published resets the count")
+}
+
+// TestHoldStep: small steps held for publication are joined, up to etcdwatch.JoinLimit
+// changes, into one step from the first's From to the last's Revision.
+func TestHoldStep(t *testing.T) {
+	step := func(from, n int) Batch[[]byte] {
+		return Batch[[]byte]{Kind: Events, From: int64(from), Revision: int64(from + 1), Changes: make([]Change[[]byte], n)}
+	}
+	var held []Batch[[]byte]
+	held = holdStep(held, step(1, 1))
+	held = holdStep(held, step(2, 0))
+	held = holdStep(held, step(2, 1))
+	require.Len(t, held, 1)
+	require.EqualValues(t, 1, held[0].From)
+	require.EqualValues(t, 3, held[0].Revision)
+	require.Len(t, held[0].Changes, 2)
+	held = holdStep(held, step(3, etcdwatch.JoinLimit-1))
+	require.Len(t, held, 2, "past etcdwatch.JoinLimit changes a step is kept apart")
+	require.EqualValues(t, 3, held[1].From)
+}

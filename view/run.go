@@ -1,0 +1,255 @@
+package view
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
+	"github.com/etcdwatch/etcdwatch/internal/cow"
+)
+
+// runner is the state's goroutine, started by New (core.start), and what
+// it alone owns: the listing, the editor of the next state, where the view
+// stands, and the watch it follows. It reads the core it embeds, and writes
+// there only by publishing (publish), counting, and closing ready.
+type runner[T any] struct {
+	*core[T]
+	list   *lister                // the range's listings
+	ed     *cow.Editor[*Entry[T]] // the state being applied to, published as a Snapshot
+	rev    int64                  // the revision ed holds
+	from   int64                  // Revision of the last batch kept, or of the first listing: the next batch's From
+	bytes  int64                  // of ed's keys and values as stored
+	w      *etcdwatch.Watch       // the watch since the last listing
+	listed bool                   // the first listing is published and watched: core.ready is closed
+}
+
+// start runs the state until it ends, then ends its tasks and tells every
+// View, reader, waiter and subscriber why.
+func (c *core[T]) start() {
+	err := newRunner(c).run()
+	c.cancel(err)
+	c.tasks.Wait()
+	c.finish(err)
+}
+
+func newRunner[T any](c *core[T]) *runner[T] {
+	return &runner[T]{core: c, list: newLister(c.src, c.req.Key, c.req.End, c.opts.pageSize)}
+}
+
+// run lists and follows the range until the state ends, and returns why.
+func (r *runner[T]) run() error {
+	for {
+		if err := r.relist(); err != nil {
+			return err
+		}
+		if !r.listed {
+			r.listed = true
+			close(r.ready)
+			if r.opts.integrity > 0 {
+				r.tasks.Go(r.checkLoop) // returns when ctx ends, which start does before it waits
+			}
+		}
+		if err := r.follow(); err != nil {
+			return err
+		}
+	}
+}
+
+// relist lists the range and watches it from the revision listed, trying
+// again after the Source's RetryDelay while the listing fails for a reason
+// that may pass.
+func (r *runner[T]) relist() error {
+	for failures := 1; ; failures++ {
+		err := r.listAndWatch()
+		if err == nil {
+			return nil
+		}
+		if cause := context.Cause(r.ctx); cause != nil {
+			return cause
+		}
+		if !relistRetryable(err) {
+			return err
+		}
+		delay := r.src.RetryDelay(failures)
+		r.log.Info("etcdwatch: view listing failed; trying again", "err", err, "in", delay)
+		if err := clock.Sleep(r.ctx, clock.Real, delay); err != nil {
+			return err
+		}
+	}
+}
+
+// relistRetryable reports whether listAndWatch may succeed if tried again:
+// after a listing that failed for a reason that may pass, or a watch that
+// the Source could not confirm in time (etcdwatch.ErrCreateTimeout: its
+// stream down meanwhile). The watch's other errors are final: a refusal,
+// the Source closed or failed for good.
+func relistRetryable(err error) bool {
+	var le *listError
+	if errors.As(err, &le) {
+		return listRetryable(le.err)
+	}
+	return errors.Is(err, etcdwatch.ErrCreateTimeout)
+}
+
+// listError is a failed listing, which relist may try again.
+type listError struct{ err error }
+
+func (e *listError) Error() string { return "etcdwatch/view: listing the range: " + e.err.Error() }
+func (e *listError) Unwrap() error { return e.err }
+
+// listAndWatch lists the range at a new revision R, comparing it with the
+// published state as it goes, watches from R, and publishes the new state
+// with the difference (none for the first listing).
+func (r *runner[T]) listAndWatch() error {
+	base := r.snap.Load()
+	first := base == nil
+	if first {
+		base = &Snapshot[T]{}
+	}
+	d := newDiffer(r.core, base, !first)
+	defer d.stop()
+	rev, err := r.list.list(r.ctx, listing{}, d.take)
+	if err != nil {
+		return &listError{err}
+	}
+	d.finish(rev)
+	// From rev, not rev+1: a watch from the revision after the store's
+	// is one the server deems waiting for a future revision, and etcd 3.5+
+	// then answers no progress request on the stream until the next write
+	// anywhere. Revision rev's events come again, and are skipped.
+	w, err := r.src.Watch(r.ctx, r.req.FromRevision(rev))
+	if err != nil {
+		return err
+	}
+	r.ed, r.rev, r.bytes, r.w = d.ed, rev, d.bytes, w
+	if first {
+		r.hist.floor, r.from = rev, rev
+		r.publish()
+		return nil
+	}
+	r.stats.relists.Add(1)
+	r.log.Info("etcdwatch: view listed again", "from", base.rev, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
+	r.publish(Batch[T]{Kind: Relisted, From: r.from, Revision: rev, Changes: d.changes})
+	r.from = rev
+	return nil
+}
+
+// follow applies the watch's responses until the watch cannot go on
+// (nil: list again) or the state ends (the reason). Applied steps are
+// published when the pacer says.
+func (r *runner[T]) follow() error {
+	tick, stopTick := ticker(r.opts.bookmark)
+	defer stopTick()
+	held := newUnpublished[T]()
+	defer held.due.Stop()
+	flush := func() { r.publish(held.take(time.Now())...) }
+	heard := false // a response since the last tick
+	for {
+		select {
+		case resp, ok := <-r.w.Responses():
+			if !ok {
+				flush()
+				return r.watchEnded()
+			}
+			heard = true
+			if held.add(r.apply(resp), time.Now()) {
+				flush()
+			}
+		case <-held.due.C:
+			flush()
+		case <-tick:
+			if !heard {
+				r.askProgress()
+			}
+			heard = false
+		case <-r.repair:
+			flush() // the listing compares with the published state
+			r.w.Cancel()
+			return nil
+		case <-r.ctx.Done():
+			r.w.Cancel()
+			return context.Cause(r.ctx)
+		}
+	}
+}
+
+// ticker returns the channel of a ticker every d, and its stop; for d 0, a
+// channel that never fires.
+func ticker(d time.Duration) (<-chan time.Time, func()) {
+	if d <= 0 {
+		return nil, func() {}
+	}
+	t := time.NewTicker(d)
+	return t.C, t.Stop
+}
+
+// watchEnded decides what the end of the watch means: a compacted history
+// is listed again; anything else ends the state.
+func (r *runner[T]) watchEnded() error {
+	err := r.w.Err()
+	if errors.Is(err, etcdwatch.ErrCompacted) {
+		r.log.Info("etcdwatch: view's history compacted; listing again", "revision", r.rev, "err", err)
+		return nil
+	}
+	return err
+}
+
+// apply applies one response's events to the editor, skipping revisions
+// already applied, so that a replay is harmless, and returns the step.
+func (r *runner[T]) apply(resp etcdwatch.Response) Batch[T] {
+	b := Batch[T]{Kind: Events, From: r.from}
+	for i := range resp.Events {
+		ev := &resp.Events[i]
+		if ev.ModRevision <= r.rev {
+			continue
+		}
+		if b.Changes == nil {
+			b.Changes = make([]Change[T], 0, len(resp.Events)-i)
+		}
+		switch ev.Type {
+		case etcdwatch.Put:
+			r.put(ev, &b)
+		case etcdwatch.Delete:
+			r.del(ev, &b)
+		}
+	}
+	r.rev = max(r.rev, resp.Revision)
+	b.Revision = r.rev
+	if len(b.Changes) > 0 {
+		r.from = b.Revision
+	}
+	return b
+}
+
+func (r *runner[T]) put(ev *etcdwatch.Event, b *Batch[T]) {
+	kv := &ev.KeyValue
+	key := string(kv.Key)
+	e := r.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	old, replaced := r.ed.Set(e.Key, e)
+	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
+	if replaced {
+		ch.Kind, ch.Prev = Updated, old
+		r.bytes -= int64(old.size)
+	}
+	r.bytes += int64(e.size)
+	b.Changes = append(b.Changes, ch)
+}
+
+func (r *runner[T]) del(ev *etcdwatch.Event, b *Batch[T]) {
+	old, ok := r.ed.Delete(string(ev.Key))
+	if !ok {
+		return
+	}
+	r.bytes -= int64(old.size)
+	b.Changes = append(b.Changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
+}
+
+// publish makes the editor's state the view's, with bs as the steps to it.
+func (r *runner[T]) publish(bs ...Batch[T]) {
+	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev && len(bs) == 0 {
+		return // nothing moved
+	}
+	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes}, bs)
+}

@@ -1,0 +1,255 @@
+package view
+
+import (
+	"context"
+	"fmt"
+	"iter"
+	"sync"
+
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// View is a local copy of a range of keys, kept current by a watch on a
+// Source: a consistent list of the range at a revision R, then the range's
+// changes from R+1, applied a whole revision at a time. Readers always see
+// the state at one revision. The view survives compaction: when its watch
+// cannot go on, it lists the range again and reports the difference
+// (Relisted batches). Its methods are safe for concurrent use. The zero
+// View is not usable: New and Share make them.
+//
+// Share returns another View of the same state and server-side watch; the
+// state lives until every View of it is closed, its Source's Context ends,
+// or the server refuses it for good.
+type View[T any] struct {
+	core *core[T] // set by New or Share, then read only
+	// ctx ends when this View ends: at its Close (cause ErrClosed), or with
+	// its state (cause why the state ended). It bounds the View's waits.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// done is closed once ctx has ended and no goroutine works for this
+	// View any more: by core.leave at Close, or by core.finish when the
+	// state ends. It is this View's hold on the state (core.join).
+	done chan struct{}
+	once sync.Once // Close's
+
+	mu     sync.Mutex
+	subs   map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after; guarded by mu
+	closed bool                          // Close has begun; guarded by mu
+}
+
+// New lists r's range on src's connection and watches it on src, and returns
+// once the list is applied and the watch confirmed. ctx bounds that wait
+// only: the view lives until Close, or until src's Context ends (Err then
+// returns its cause: etcdwatch.ErrClosed for a Stream closed) or the server
+// refuses it for good (a permission, say). Each New has a state and a watch
+// of its own; Share shares them.
+//
+// r names the keys (Key, Prefix, Range or FromKey); the view sets the rest as
+// it needs (every event, with bookmarks and fragments), so a Request with a
+// Revision or a filter is refused with an error wrapping
+// etcdwatch.ErrInvalidRequest. decode makes each value's T: DecodeBytes for
+// plain values. A nil src or decode is refused with an error wrapping
+// etcdwatch.ErrInvalidArgument.
+//
+// The listing reads linearizably at a revision R: with etcd 3.7's RangeStream
+// (one snapshot, streamed) where the server has it, else with pages of
+// WithPageSize keys, each pinned to R. It retries, after src's RetryDelay
+// (a Stream's WithReconnectBackoff), what may succeed when tried again.
+func New[T any](ctx context.Context, src Source, r etcdwatch.Request, decode Decoder[T], opts ...Option) (*View[T], error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := checkArgs(src, r, decode == nil, o); err != nil {
+		return nil, err
+	}
+	c := newCore(src, r, decode, o)
+	v := newView(c, c.join(nil))
+	go c.start() // returns when the state ends: its last View closed, src's Context ended, or refused for good; that Close waits for it, and every View's Done closes after it
+	select {
+	case <-c.ready:
+		if err := c.failed(); err != nil {
+			v.Close()
+			return nil, err
+		}
+		return v, nil
+	case <-ctx.Done():
+		v.Close()
+		return nil, src.State().Explain(context.Cause(ctx))
+	}
+}
+
+// newView returns a View of c that holds it by done, from c.join.
+func newView[T any](c *core[T], done chan struct{}) *View[T] {
+	v := &View[T]{core: c, done: done}
+	v.ctx, v.cancel = context.WithCancelCause(c.ctx)
+	return v
+}
+
+func checkArgs(src Source, r etcdwatch.Request, noDecode bool, o options) error {
+	switch {
+	case isNil(src):
+		return fmt.Errorf("%w: view.New: source is nil", etcdwatch.ErrInvalidArgument)
+	case noDecode:
+		return fmt.Errorf("%w: view.New: decode is nil (use DecodeBytes for plain values)", etcdwatch.ErrInvalidArgument)
+	case r.Revision != 0:
+		return fmt.Errorf("%w: a view lists its range at the newest revision; Revision must be 0", etcdwatch.ErrInvalidRequest)
+	case r.NoPut || r.NoDelete:
+		return fmt.Errorf("%w: a view needs every event; NoPut and NoDelete must be false", etcdwatch.ErrInvalidRequest)
+	}
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	return o.validate()
+}
+
+// Snapshot returns the view's current state.
+func (v *View[T]) Snapshot() *Snapshot[T] { return v.core.snap.Load() }
+
+// Get returns the key's entry in the current state, and whether it exists.
+func (v *View[T]) Get(key string) (Entry[T], bool) { return v.Snapshot().Get(key) }
+
+// All iterates the current state in key order: every key at one revision,
+// however the view changes meanwhile.
+func (v *View[T]) All() iter.Seq2[string, Entry[T]] { return v.Snapshot().All() }
+
+// Revision is the revision of the current state: every change of the range
+// up to it has been applied.
+func (v *View[T]) Revision() int64 { return v.Snapshot().Revision() }
+
+// Len is the number of keys in the current state.
+func (v *View[T]) Len() int { return v.Snapshot().Len() }
+
+// Done is closed once the view has ended and no goroutine works for it any
+// more: at its Close (for the last View of a state, once the state's
+// goroutines have returned), or, after its Source's Context ended or the
+// server refused it for good, once the state's goroutines have returned.
+func (v *View[T]) Done() <-chan struct{} { return v.done }
+
+// Err returns nil until Done is closed, then why the view ended: ErrClosed
+// after Close, the cause of its Source's Context (etcdwatch.ErrClosed after
+// a Stream's Close), or the server's refusal.
+func (v *View[T]) Err() error {
+	select {
+	case <-v.done:
+		return context.Cause(v.ctx)
+	default:
+		return nil
+	}
+}
+
+// bound returns ctx, ended also when the view ends, with the view's cause.
+func (v *View[T]) bound(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(v.ctx, func() { cancel(context.Cause(v.ctx)) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// Stats returns the view's counters. Views of one state share them.
+func (v *View[T]) Stats() Stats { return v.core.statsNow() }
+
+// WaitForRevision waits until the view has applied every change up to rev,
+// or ctx ends, or the view ends. The revision of a range nobody writes only
+// moves with bookmarks (see WithBookmarkInterval); Sync asks for one.
+func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
+	ctx, stop := v.bound(ctx)
+	defer stop()
+	return v.core.await(ctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
+}
+
+// Sync waits until the view is at least as fresh as a linearizable read of
+// its range made when Sync was called: every change made before the call
+// is then in the view.
+//
+// It asks the Source for progress (RequestProgress) and waits for the view
+// to reach the revision the server answered. Where progress requests are
+// unsafe (etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, see
+// etcdwatch.ErrProgressUnsupported), or go unanswered for a second (etcd
+// 3.5+ answers none while a watch on the stream catches up or waits for a
+// future revision), it makes one linearizable Range of the range instead,
+// sorted by revision and without values, and waits until the view holds as
+// many keys, none changed since: the state that read saw. The view's
+// Revision may then stay below the read's revision when nothing in the
+// range changed since. That Range makes the server read the whole range,
+// without sending it.
+func (v *View[T]) Sync(ctx context.Context) error {
+	ctx, stop := v.bound(ctx)
+	defer stop()
+	return v.core.sync(ctx)
+}
+
+// Subscribe returns a subscription to the view's batches of changes with
+// revisions from fromRev on. When the view's history no longer reaches back
+// to fromRev (or fromRev <= 0), the first batch is a Resync of the current
+// state. The view never waits for a subscriber: one that falls more than
+// WithHistoryBytes behind gets a Resync instead of what it missed.
+func (v *View[T]) Subscribe(fromRev int64) *Subscription[T] {
+	sub := v.core.subscribe(fromRev)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		sub.end() // a View's subscriptions end with it
+		return sub
+	}
+	if v.subs == nil {
+		v.subs = make(map[*Subscription[T]]struct{})
+	}
+	v.subs[sub] = struct{}{}
+	sub.onClose = func() { v.forget(sub) }
+	return sub
+}
+
+func (v *View[T]) forget(sub *Subscription[T]) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.subs, sub)
+}
+
+// Share returns another View of v's state: the same keys, history, counters
+// and server-side watch, with a Close, Done, Err and subscriptions of its
+// own. The state lives until every View of it is closed. Share of a View
+// that has ended (or is closing) returns a View ended with the same error.
+func (v *View[T]) Share() *View[T] {
+	if v.ctx.Err() == nil { // else v has ended, or is closing
+		if done := v.core.join(v.done); done != nil {
+			return newView(v.core, done)
+		}
+	}
+	return v.endedCopy()
+}
+
+// endedCopy returns a View of v's state that has ended as v has, with v's
+// cause: closed when that is ErrClosed, so that its subscriptions end at
+// once; else the state has ended or is ending, and they end with it. v's
+// ctx has ended: a View that no longer holds its state has always ended it
+// first.
+func (v *View[T]) endedCopy() *View[T] {
+	cause := context.Cause(v.ctx)
+	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed}
+	u.ctx, u.cancel = context.WithCancelCause(context.Background())
+	u.cancel(cause)
+	close(u.done)
+	return u
+}
+
+// Close ends the view and its subscriptions. The state, its watch and its
+// goroutines go with the last View of it, and Close then waits for them. It
+// is idempotent and always returns nil; once it returns, Done is closed.
+func (v *View[T]) Close() error {
+	v.once.Do(func() {
+		v.cancel(ErrClosed)
+		v.mu.Lock()
+		subs := v.subs
+		v.subs, v.closed = nil, true
+		v.mu.Unlock()
+		for sub := range subs {
+			sub.end()
+		}
+		v.core.leave(v.done)
+	})
+	<-v.done
+	return nil
+}
