@@ -25,23 +25,15 @@
 //
 // # Guarantees
 //
-//   - Each watch delivers whole revisions, in order, each event once: events
-//     at or below what a watch has delivered are dropped (Stats counts them).
+//   - Each watch delivers whole revisions, in order, each event once.
 //   - A watch whose history was compacted ends with *CompactedError; events
 //     are never skipped silently.
-//   - Delivery never blocks the dispatcher. A watch whose consumer stops
-//     reading buffers up to WithBufferLimit events and WithBufferBytes
-//     bytes. The stream may then stop reading for a short while to wait for
-//     it: up to WithStallBudget for a watch alone on its stream, at most
-//     2ms for one with neighbours. If the consumer has not read half of its
-//     backlog by then the watch is paused on the server and resumed from
-//     its next revision once the consumer has.
+//   - Delivery never blocks the dispatcher: a consumer that stops reading is
+//     buffered for (WithBufferLimit), briefly waited for (WithStallBudget),
+//     then paused on the server and resumed from its next revision.
 //   - After Watch.Cancel returns, nothing more is delivered.
-//   - Watches outlive gRPC streams: a stream that fails for a reason a new
-//     stream can cure, or goes silent (WithLiveness), is replaced, at once
-//     if it had worked (see WithReconnectBackoff), and every watch is
-//     re-created from its next revision. Package dial builds a connection over
-//     several members for failover.
+//   - Watches outlive gRPC streams: a stream that fails, or goes silent, is
+//     replaced and every watch re-created from its next revision.
 //
 // # Views
 //

@@ -45,10 +45,8 @@ var (
 	ErrCreateTimeout = errors.New("etcdwatch: watch not confirmed in time")
 
 	// ErrProgressUnsupported is returned by RequestProgress on an etcd whose
-	// progress answers can run ahead of the events it has yet to send
-	// (etcd #15220: 3.4.0-3.4.24 and 3.5.0-3.5.7), where a bookmark would
-	// make the watches drop events. The Stream learns the release from the
-	// Maintenance Status RPC when it opens.
+	// progress answers can run ahead of its events (etcd #15220:
+	// 3.4.0-3.4.24 and 3.5.0-3.5.7).
 	ErrProgressUnsupported = errors.New("etcdwatch: progress requests unsupported by this etcd")
 
 	// ErrNoWatches is returned by RequestProgress on a Stream without live

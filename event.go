@@ -77,11 +77,9 @@ type Response struct {
 	Revision int64
 }
 
-// JoinLimit is the most events a Response joined from several for a
-// consumer that is behind may carry. Such a consumer then takes small
-// responses several at a time, each handover costing a goroutine wake-up;
-// large ones go as they came, since copying them would cost more than it
-// saves. Wings that join their own batches (a view's) use the same limit.
+// JoinLimit is the most events a Response joined from several, for a
+// consumer that is behind, may carry; wings joining their own batches
+// use it too.
 const JoinLimit = 64
 
 // IsProgress reports whether r is a bookmark, a response without events.

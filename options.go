@@ -27,9 +27,9 @@ type options struct {
 	createTimeout                 time.Duration
 	logger                        *slog.Logger
 	callOptions                   []grpc.CallOption
-	connectivity                  Connectivity // the connection's state; nil if unknown
-	clock                         clock.Clock  // the dispatcher's; a test's Fake
-	hooks                         *hooks       // a test's; nil otherwise
+	connectivity                  connState   // the connection's state; nil if unknown
+	clock                         clock.Clock // the dispatcher's; a test's Fake
+	hooks                         *hooks      // a test's; nil otherwise
 }
 
 func defaultOptions() options {
@@ -49,48 +49,34 @@ func defaultOptions() options {
 }
 
 // WithBufferLimit bounds how many events (a bookmark counts as one) a watch
-// may hold for a consumer that is not reading; WithBufferBytes bounds their
-// bytes. When a watch reaches either limit, the Stream may first wait for
-// its consumer, reading no more responses (see WithStallBudget), and if the
-// consumer does not catch up the watch is paused: its server-side watch is
-// canceled, nothing is lost, and it is re-created from its next revision
-// once the consumer has read half of its backlog. The buffer grows on
-// demand, so an idle watch holds none of it. Default 1024; at least 1.
+// may hold for a consumer that is not reading. At the limit the Stream may
+// wait for the consumer (WithStallBudget), then pauses the watch on the
+// server, losing nothing, until the consumer has read half its backlog. The
+// buffer grows on demand: an idle watch holds none. Default 1024; at least 1.
 func WithBufferLimit(events int) Option { return func(o *options) { o.bufferLimit = events } }
 
 // WithBufferBytes bounds the bytes a watch may hold for a consumer that is
-// not reading: its events' keys and values (previous ones included) and
-// about 100 bytes an event, as WithBufferLimit does their number. A single
-// response larger than the limit is still delivered whole; the watch is
-// then at its limit until its consumer takes it. Default 16 MiB; at least 1.
+// not reading (keys and values, previous ones included, and about 100
+// bytes an event), as WithBufferLimit does their number; a larger response
+// is still delivered whole. Default 16 MiB; at least 1.
 func WithBufferBytes(n int) Option { return func(o *options) { o.bufferBytes = n } }
 
-// WithStallBudget bounds how long the Stream may stop reading to wait for
-// the consumer of a watch alone on the stream, at its buffer limit, to take
-// half its backlog, before it pauses that watch. Such a wait (a stall) lets
-// gRPC flow control slow the server, which is far cheaper than a pause when
-// a busy process merely ran the consumer late. The first millisecond of
-// each stall is free; the rest is drawn from a budget of up to d that
-// refills at a tenth of the time that passes. So a consumer that is never
-// more than a moment late sets the stream's pace (backpressure), while one
-// that stopped reading is paused within d.
-//
-// A stall holds up every watch on the stream, so a watch with neighbours
-// (other watches active or being created, or a RequestProgress waiting) is
-// waited for at most 2ms, within the same budget, before it is paused: a
-// consumer that stops reading delays the other watches by that much, once.
-// 0 pauses a watch as soon as it reaches its limit and never holds up the
-// stream. Default 100ms; at least 0.
+// WithStallBudget bounds how long the Stream may stop reading (a stall) to
+// wait for a consumer at its buffer limit to take half its backlog, before
+// it pauses the watch: letting gRPC flow control slow the server is far
+// cheaper than a pause when a busy process merely ran the consumer late.
+// The first millisecond of each stall is free; the rest draws on a budget
+// of up to d that refills at a tenth of the time passing. A stall holds up
+// every watch on the stream, so one with neighbours (or a create or
+// RequestProgress waiting) lasts 2ms at most. 0 never stalls. Default
+// 100ms; at least 0.
 func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
 
 // WithCreateTimeout bounds how long Watch and WatchAll wait for the server
 // to confirm their watches, apart from their context, which bounds the
 // watches' whole lives: a call not answered within d fails with an error
-// wrapping ErrCreateTimeout (and, if the stream could not open meanwhile,
-// the reason), and its watches are canceled. A confirmed watch then runs for
-// as long as its context allows. It is a Stream option because a slow
-// confirmation says something about the stream's connection, whichever call
-// meets it. Default 0: no bound but the context's; at least 0.
+// wrapping ErrCreateTimeout (and why the stream could not open, if it
+// could not). Default 0: no bound but the context's; at least 0.
 func WithCreateTimeout(d time.Duration) Option { return func(o *options) { o.createTimeout = d } }
 
 // WithProgressRetry sets how long RequestProgress waits for an answer before
@@ -113,28 +99,21 @@ func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }
 
-// WithReconnectBackoff sets the delays between attempts to replace a gRPC
-// stream that failed before the server said anything on it: about min,
-// then twice as long for each such stream in a row up to max, with jitter.
-// A stream that worked (the server answered on it, or it stayed up for
-// 10s) is replaced at once, however often that happens, except that such
-// immediate retries are at least min apart. Streams refused because their
-// member has no leader (WithRequireLeader) are retried every 25-50ms
-// instead: the refusal costs the server nothing, and the watches should
-// be back as soon as a leader is. Waiting for the connection itself is
-// gRPC's part; see WithConnectRetry. Default 100ms and 5s.
+// WithReconnectBackoff sets the delays before replacing a gRPC stream that
+// failed before the server said anything on it: about min, doubling with
+// each such stream in a row up to max, jittered. A stream that worked (the
+// server answered, or it stayed up 10s) is replaced at once, at most once
+// per min; one refused for want of a leader (WithRequireLeader), after
+// 25-50ms. Default 100ms and 5s.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
 }
 
-// WithConnectRetry sets how often a stream waiting for its connection, if
-// the connection is a *grpc.ClientConn in TRANSIENT_FAILURE, resets the
-// connection's reconnect backoff (ResetConnectBackoff) so that gRPC tries
-// again at once. gRPC's default backoff waits 1s, then 1.6 times longer each
-// time up to 2 minutes, so without this a member back after a 3s outage is
-// reached about 2s late. A connection with another address ready is not in
-// TRANSIENT_FAILURE, and is left alone. 0 leaves the connection's backoff to
-// its own settings (grpc.WithConnectParams). Default 100ms; at least 0.
+// WithConnectRetry sets how often a stream waiting for a connection in
+// TRANSIENT_FAILURE resets its reconnect backoff (ResetConnectBackoff), so
+// that gRPC's (1s, growing 1.6 times) does not reach a member back from a
+// 3s outage 2s late. 0 leaves the connection's backoff alone. Default
+// 100ms; at least 0.
 func WithConnectRetry(interval time.Duration) Option {
 	return func(o *options) { o.connectRetry = interval }
 }
@@ -155,32 +134,25 @@ func WithLiveness(idle, timeout time.Duration) Option {
 // has one (the "hasleader" metadata). Default off.
 func WithRequireLeader() Option { return func(o *options) { o.requireLeader = true } }
 
-// Connectivity is the part of *grpc.ClientConn that a Stream uses, beyond
-// grpc.ClientConnInterface, when the connection has it:
-//   - while the Watch RPC cannot open for want of a connection, the Stream
-//     reads GetState and waits with WaitForStateChange, so as to report the
-//     connection's error (State, the logs) and open the RPC the moment the
-//     connection is back;
-//   - ResetConnectBackoff cuts gRPC's reconnect backoff short (see
-//     WithConnectRetry);
-//   - a connection in connectivity.Shutdown (closed by its owner) ends the
-//     watches rather than waiting for it.
-//
-// Without it a Stream still works: it waits in the Watch RPC itself
-// (grpc.WaitForReady) and reconnects at gRPC's own pace; but it cannot
-// tell a closed connection from a failing one, and retries it, backing
-// off, until the Stream is closed.
-type Connectivity interface {
+// connState is the part of *grpc.ClientConn a Stream uses beyond
+// grpc.ClientConnInterface; see Open.
+type connState interface {
 	GetState() connectivity.State
 	WaitForStateChange(ctx context.Context, source connectivity.State) bool
 	ResetConnectBackoff()
 }
 
-// WithConnectivity gives the Stream the state of the connection under
-// conn, for a conn that wraps one and hides its methods (a wrapper that
-// adds metadata to each RPC, say). Default: conn itself, if it implements
-// Connectivity; nil leaves the Stream without.
-func WithConnectivity(c Connectivity) Option { return func(o *options) { o.connectivity = c } }
+// WithConnectivity gives the Stream the state of cc, the connection under
+// a conn that wraps it and hides its methods (a wrapper that adds metadata
+// to each RPC, say): see Open for what the Stream does with it. Default:
+// conn's own, if conn is a *grpc.ClientConn or has its methods.
+func WithConnectivity(cc *grpc.ClientConn) Option {
+	return func(o *options) {
+		if cc != nil {
+			o.connectivity = cc
+		}
+	}
+}
 
 func (o *options) validate() error {
 	switch {

@@ -241,12 +241,12 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 // (package dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
 // left alone. Owned by the dispatcher.
 type connHurry struct {
-	conn     Connectivity // nil: the connection cannot be hurried, or WithConnectRetry(0)
+	conn     connState // nil: the connection cannot be hurried, or WithConnectRetry(0)
 	interval time.Duration
 	clock.Stoppable
 }
 
-func newConnHurry(c Connectivity, interval time.Duration) connHurry {
+func newConnHurry(c connState, interval time.Duration) connHurry {
 	if c == nil || interval == 0 {
 		return connHurry{}
 	}

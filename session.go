@@ -39,7 +39,7 @@ type opener func(ctx context.Context) (wireStream, error)
 // fails for want of a connection it reports the connection's error (a
 // refused connection, a failed TLS handshake) and waits for the
 // connection's state to change.
-func grpcOpener(conn grpc.ClientConnInterface, cc Connectivity, callOpts []grpc.CallOption, report func(error)) opener {
+func grpcOpener(conn grpc.ClientConnInterface, cc connState, callOpts []grpc.CallOption, report func(error)) opener {
 	base := []grpc.CallOption{grpc.ForceCodecV2(codec{}), grpc.MaxCallRecvMsgSize(math.MaxInt32)}
 	ready := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(true)}, callOpts)
 	failFast := slices.Concat(base, []grpc.CallOption{grpc.WaitForReady(false)}, callOpts)

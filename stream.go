@@ -17,8 +17,7 @@ import (
 // dispatcher goroutine owns the stream: it sends every create, cancel and
 // progress request and routes every response by watch id, so a new watch is
 // never confused with another watch's traffic. Its methods are safe for
-// concurrent use. Views and other wings end with the Stream's Context;
-// Close does not wait for their goroutines: a View's own Close does.
+// concurrent use.
 type Stream struct {
 	conn    grpc.ClientConnInterface
 	opts    options
@@ -41,16 +40,19 @@ type Stream struct {
 // background and watches requested meanwhile wait for it. Close the Stream to
 // release it; conn stays open and belongs to the caller.
 //
-// The Stream calls conn's NewStream for the Watch RPC and Invoke for the
-// Maintenance Status RPC (see RequestProgress). Beyond that it uses the
-// connection's state, if conn implements Connectivity (as
-// *grpc.ClientConn does) or WithConnectivity gives it: see Connectivity.
+// The Stream uses conn's NewStream (the Watch RPC) and Invoke (Maintenance
+// Status, see RequestProgress). If conn is a *grpc.ClientConn (or has its
+// GetState, WaitForStateChange and ResetConnectBackoff), or
+// WithConnectivity gives one, it also uses the connection's state: to
+// report why the stream cannot open, to cut gRPC's reconnect backoff short
+// (WithConnectRetry), and to end the watches once the connection is closed.
+// Without, a closed connection is retried until the Stream is closed.
 func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 	if isNil(conn) {
 		return nil, fmt.Errorf("%w: conn is nil", ErrInvalidArgument)
 	}
 	o := defaultOptions()
-	if c, ok := conn.(Connectivity); ok {
+	if c, ok := conn.(connState); ok {
 		o.connectivity = c
 	}
 	for _, opt := range opts {
@@ -119,10 +121,8 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // confirmed every one; an empty rs returns nil.
 //
 // Events of the watches confirmed first wait in their buffers until the
-// call returns. A watch with more history to replay than WithBufferLimit
-// (FromRevision far back) may therefore hold up the stream, and then be
-// paused and resumed, before its consumer starts: nothing is lost, but
-// opening such a watch with Watch, its consumer ready, avoids the replay.
+// call returns, so a watch replaying much history may be paused before its
+// consumer starts: nothing is lost.
 //
 // It is all or nothing. If a request is invalid, nothing is opened. If the
 // server refuses a create, ctx ends, WithCreateTimeout passes, the Stream
@@ -133,11 +133,8 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // wait and every watch's life, as it does for Watch.
 //
 // A watch whose start revision has been compacted is not a refusal: etcd
-// confirms its create, then cancels it with the compact revision. So Watch
-// and WatchAll return it, and it ends at once with a *CompactedError on
-// its channel, as it would had the compaction come a moment later. Telling
-// the two apart would mean holding every call back until the server could
-// no longer cancel, which it never promises.
+// confirms its create, then cancels it. So it is returned, and ends at
+// once with a *CompactedError on its channel.
 func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) {
 	if len(rs) == 0 {
 		return nil, nil
@@ -237,11 +234,9 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // repeated (WithProgressRetry) until answered or ctx ends: bound ctx. It
 // returns ErrNoWatches when the stream has no watch the server could answer for.
 //
-// On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, whose progress answers can run
-// ahead of events the server has yet to send (etcd #15220), a bookmark
-// would make the watches drop those events: there RequestProgress returns
-// ErrProgressUnsupported. The Stream asks the server its release (the
-// Maintenance Status RPC) when it opens, and a call waits for that answer.
+// On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7 (etcd #15220), whose answers can
+// run ahead of events, it returns ErrProgressUnsupported: the Stream asks
+// the server its release (Maintenance Status) when it opens.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 	p := &progressWaiter{ctx: ctx, reply: make(chan progressResult, 1)}
 	if !s.command(progressCmd{p}) {

@@ -49,9 +49,9 @@ func (s *Stream) probeRelease(ctx context.Context) {
 }
 
 func (s *Stream) askRelease(ctx context.Context) (serverRelease, bool) {
-	m := pb.NewMaintenanceClient(s.conn)
+	m := pb.NewMaintenanceClient(s.Conn())
 	for attempt := 1; ; attempt++ {
-		resp, err := m.Status(ctx, &pb.StatusRequest{}, append([]grpc.CallOption{grpc.WaitForReady(true)}, s.opts.callOptions...)...)
+		resp, err := m.Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(true))
 		if err == nil {
 			r, ok := parseRelease(resp.Version)
 			if !ok {

@@ -9,11 +9,11 @@ import "sync/atomic"
 // server (compaction, a refused permission, a broken stream) still delivers
 // what it had buffered before its channel closes; a watch ended by Cancel, its
 // context or Stream.Close delivers nothing more.
-//
-// A Watch is a thin handle over two parts, each with one owner: its
-// delivery, which the consumer and the goroutine delivering to it share
-// under a mutex, and its entry, which only the dispatcher touches.
 type Watch struct {
+	// A Watch is a thin handle over two parts, each with one owner: its
+	// delivery, which the consumer and the goroutine delivering to it
+	// share under a mutex, and its entry, which only the dispatcher
+	// touches.
 	stream *Stream
 	req    Request      // immutable
 	id     atomic.Int64 // the server's id; written by the dispatcher, read by anyone

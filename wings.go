@@ -10,31 +10,44 @@ import (
 )
 
 // What a wing built on a Stream (a view, a group of Streams) may use of it
-// beside watches: the connection for RPCs of its own, the Stream's call
-// options, logger and retry policy, and a context that ends with it. A
-// wing holds no field of the Stream and the Stream knows no wing.
+// beside watches: the connection for RPCs of its own, with the Stream's
+// call options; its logger and retry policy; and a context that ends with
+// it. A wing holds no field of the Stream and the Stream knows no wing.
 
 // Conn returns the connection the Stream was opened on, for RPCs of a
-// wing's own (a view's Range calls). It belongs to whoever opened the
-// Stream.
-func (s *Stream) Conn() grpc.ClientConnInterface { return s.conn }
+// wing's own (a view's Range calls), with the options of WithCallOptions
+// put on each after the RPC's own. The connection belongs to whoever
+// opened the Stream.
+func (s *Stream) Conn() grpc.ClientConnInterface {
+	if len(s.opts.callOptions) == 0 {
+		return s.conn
+	}
+	return callConn{s.conn, s.opts.callOptions}
+}
 
-// CallOptions returns a copy of the options given with WithCallOptions,
-// for a wing to put on its RPCs.
-func (s *Stream) CallOptions() []grpc.CallOption { return slices.Clone(s.opts.callOptions) }
+// callConn puts the Stream's call options on every RPC.
+type callConn struct {
+	conn grpc.ClientConnInterface
+	opts []grpc.CallOption
+}
 
-// Context returns a context that ends when Close is called, with cause
-// ErrClosed, for the goroutines of a wing to end with the Stream. Close
-// does not wait for them.
+func (c callConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.conn.Invoke(ctx, method, args, reply, slices.Concat(opts, c.opts)...)
+}
+
+func (c callConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.conn.NewStream(ctx, desc, method, slices.Concat(opts, c.opts)...)
+}
+
+// Context returns a context that ends at Close, with cause ErrClosed, for
+// a wing's goroutines; Close does not wait for them.
 func (s *Stream) Context() context.Context { return s.base }
 
 // Logger returns the logger given with WithLogger.
 func (s *Stream) Logger() *slog.Logger { return s.opts.logger }
 
-// RetryDelay returns how long to wait before trying again after failures
-// attempts in a row have failed (failures >= 1), by the policy of
-// WithReconnectBackoff: about its min, doubling with each failure up to
-// its max, with jitter.
+// RetryDelay returns how long to wait after failures (>= 1) attempts in a
+// row failed, by WithReconnectBackoff's policy.
 func (s *Stream) RetryDelay(failures int) time.Duration {
 	return growing(s.opts.backoffMin, s.opts.backoffMax, failures)
 }

@@ -46,7 +46,7 @@ func (w *watcher) openGroup(key string, md metadata.MD) (*group, error) {
 	g.requireLeader = requiresLeader(md)
 	g.lostCtx, g.lostCancel = context.WithCancel(context.Background())
 	opts := w.opts
-	if cc, ok := w.conn.(etcdwatch.Connectivity); ok {
+	if cc, ok := w.conn.(*grpc.ClientConn); ok {
 		// The wrapper hides the connection's state, which the Stream uses
 		// to reconnect promptly and to see the connection closed; first, so
 		// that a caller's own WithConnectivity wins.

@@ -32,8 +32,9 @@ func newLister(src Source, key, end []byte, page int) *lister {
 		key:  key,
 		end:  end,
 		page: int64(page),
-		// A page holds as many values as it holds, up to etcd's own limits.
-		call: append([]grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)}, src.CallOptions()...),
+		// A page holds as many values as it holds, up to etcd's own limits;
+		// the Source's own call options come after, and may lower that.
+		call: []grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)},
 	}
 }
 

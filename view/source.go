@@ -12,8 +12,8 @@ import (
 )
 
 // Source is what a View uses of the Stream it runs on, and nothing more:
-// watches and progress requests, the connection and call options for
-// Range calls of its own, a context that ends with the Stream, its logger,
+// watches and progress requests, the connection for Range calls of its
+// own, a context that ends with the Stream, its logger,
 // retry policy, counters and state. *etcdwatch.Stream is a Source. So can
 // another wing be (a group of Streams, say), by giving these the meaning a
 // Stream gives them. A Source's methods must be safe for concurrent use.
@@ -28,10 +28,9 @@ type Source interface {
 	// answers are unsafe returns an error wrapping
 	// etcdwatch.ErrProgressUnsupported.
 	RequestProgress(ctx context.Context) (int64, error)
-	// Conn is the connection for the view's Range and RangeStream calls.
+	// Conn is the connection for the view's Range and RangeStream calls,
+	// with the Source's own call options put on them.
 	Conn() grpc.ClientConnInterface
-	// CallOptions are put on those calls.
-	CallOptions() []grpc.CallOption
 	// Context ends when the Source does; the view's state ends with it,
 	// with its cause.
 	Context() context.Context
