@@ -193,6 +193,9 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 		d.s.stats.moved.Add(1)
 	}
 	d.watches[id] = w
+	if e.created != nil {
+		w.createdRev = headerRev
+	}
 	if e.fromNow {
 		// The server starts a "from now" watch just after the revision it
 		// reads before registering it, and reports the revision it reads

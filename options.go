@@ -92,9 +92,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // per-RPC credentials. Options choosing a codec or content-subtype are
 // refused: the Stream encodes and decodes the RPC's messages itself. The
 // Stream accepts responses of any size; a grpc.MaxCallRecvMsgSize here
-// lowers that, and a revision above it (unless the watch asks for
-// fragments) then breaks the stream each time it is re-created.
-// Default: none.
+// bounds them, a promise about memory the Stream keeps: a revision above
+// it (in a watch without fragments) ends the Stream's watches with an
+// error wrapping ErrStreamFailed whose gRPC code is ResourceExhausted, as
+// clientv3 ends its watches. Default: none.
 func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }

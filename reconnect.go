@@ -83,7 +83,7 @@ func (d *dispatcher) retryable(err error) bool {
 	if c := d.s.opts.connectivity; c != nil && c.GetState() == connectivity.Shutdown {
 		return false
 	}
-	return !rpcerr.Final(err)
+	return !rpcerr.Final(err) && !rpcerr.TooLarge(err)
 }
 
 // requeueAll puts every watch that had or awaited a server-side watch back in

@@ -467,3 +467,17 @@ func TestConnectivityOfAWrappedConnection(t *testing.T) {
 	require.ErrorIs(t, ended(t, w), etcdwatch.ErrStreamFailed)
 	require.Zero(t, s.Stats().Reconnects, "a closed connection was retried")
 }
+
+// TestReceiveLimitIsKept: a grpc.MaxCallRecvMsgSize given with
+// WithCallOptions bounds the responses the Stream takes. A revision above
+// it ends the watches with ResourceExhausted, as clientv3's do, rather
+// than being fetched again on a new stream, and again, for ever.
+func TestReceiveLimitIsKept(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", strings.Repeat("v", 2<<10), 2)))
+	err := ended(t, w)
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	require.Zero(t, h.s.Stats().Reconnects, "the same revision was asked for again")
+}

@@ -841,3 +841,23 @@ func TestWatchAllWithACompactedRequest(t *testing.T) {
 	require.Equal(t, int64(5), ce.CompactRevision)
 	require.Nil(t, got.ws[0].Err(), "the other watch ended too")
 }
+
+// TestCreatedRevision: CreatedRevision is the header revision of the
+// server's first created response, whatever revision the watch starts
+// from, and a re-create after a pause does not change it.
+func TestCreatedRevision(t *testing.T) {
+	h := newHarness(t)
+	now := h.watch(etcdwatch.Key("now"), 4)
+	require.Equal(t, int64(4), now.CreatedRevision())
+	require.Equal(t, int64(3), now.Revision(), "a watch from now starts after the revision before the header's")
+	past := h.watch(etcdwatch.Key("past").FromRevision(2), 9)
+	require.Equal(t, int64(9), past.CreatedRevision())
+	require.Equal(t, int64(1), past.Revision())
+	h.cut()
+	for range 2 {
+		c := h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(c.WatchId, 12))
+	}
+	h.barrier(12)
+	require.Equal(t, int64(9), past.CreatedRevision(), "moved by a re-create")
+}

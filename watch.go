@@ -17,6 +17,10 @@ type Watch struct {
 	stream *Stream
 	req    Request      // immutable
 	id     atomic.Int64 // the server's id; written by the dispatcher, read by anyone
+	// createdRev is the header revision of the first created response;
+	// written by the dispatcher before it tells the caller of Watch, which
+	// hands the Watch out only then, and never again.
+	createdRev int64
 	out    delivery     // the consumer's side
 	entry  entry        // the dispatcher's side
 }
@@ -32,6 +36,12 @@ func newWatch(s *Stream, r Request) *Watch {
 // ID returns the server's id for the watch. It changes when the watch is
 // re-created after a pause, and is -1 before the server confirmed it.
 func (w *Watch) ID() int64 { return w.id.Load() }
+
+// CreatedRevision returns the store's revision when the server first
+// confirmed the watch (the header revision of its created response): the
+// revision a "from now" watch starts after, as clientv3's created
+// notification gives it.
+func (w *Watch) CreatedRevision() int64 { return w.createdRev }
 
 // Request returns the request the watch was opened with.
 func (w *Watch) Request() Request { return w.req.clone() }

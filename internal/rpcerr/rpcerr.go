@@ -29,6 +29,15 @@ func Canceled(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Canceled
 }
 
+// TooLarge reports whether err is gRPC refusing a message larger than the
+// receiver's limit (grpc.MaxCallRecvMsgSize): the same message would be
+// refused again. etcd's own ResourceExhausted ("too many requests") is
+// not this, and passes.
+func TooLarge(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.ResourceExhausted && strings.Contains(s.Message(), "larger than max")
+}
+
 // Kind is what a server's cancel reason means.
 type Kind uint8
 

@@ -55,6 +55,15 @@ func TestFinalAndCanceled(t *testing.T) {
 	}
 }
 
+func TestTooLarge(t *testing.T) {
+	if !TooLarge(status.Error(codes.ResourceExhausted, "grpc: received message larger than max (2097152 vs. 1572864)")) {
+		t.Error("gRPC's receive limit not recognised")
+	}
+	if TooLarge(status.Error(codes.ResourceExhausted, "etcdserver: too many requests")) {
+		t.Error("etcd's rate limit taken for the receive limit")
+	}
+}
+
 func TestNoLeader(t *testing.T) {
 	if !NoLeader(status.Error(codes.Unavailable, "etcdserver: no leader")) {
 		t.Error("etcd's no-leader refusal not recognised")
