@@ -21,8 +21,8 @@ type Watch struct {
 	// written by the dispatcher before it tells the caller of Watch, which
 	// hands the Watch out only then, and never again.
 	createdRev int64
-	out    delivery     // the consumer's side
-	entry  entry        // the dispatcher's side
+	out        delivery // the consumer's side
+	entry      entry    // the dispatcher's side
 }
 
 func newWatch(s *Stream, r Request) *Watch {
