@@ -21,6 +21,7 @@ type dispatcher struct {
 	sessStart time.Time       // when sess was opened
 	sessOpen  bool            // sess has opened its gRPC stream
 	sessHeard bool            // the server has said something on sess
+	heardAt   time.Time       // when the last burst of responses arrived, on any stream
 	discard   bool            // sess's answers cannot be matched: nothing more is read from it
 	downSince time.Time       // when the last stream that worked ended; zero while one works
 	failed    error           // a failure reconnecting cannot fix; nil while the stream is usable
@@ -96,14 +97,14 @@ func (d *dispatcher) run() {
 		case c := <-d.s.cmds:
 			d.handleCommands(c)
 		case resp := <-recv:
-			d.s.stats.lastMessage.Store(d.clock.Now().UnixNano()) // once a burst: a clock read costs as much as routing a response
+			d.heardAt = d.clock.Now() // once a burst: a clock read costs as much as routing a response
+			d.s.stats.lastMessage.Store(d.heardAt.UnixNano())
 			d.take(&resp)
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
 		case <-opened:
 			d.sessOpen = true
-			d.s.state.opened(d.clock.Now())
 		case <-dead:
 			d.handleSessionEnd()
 			d.s.hooks.at(hookStreamEnd)
@@ -184,7 +185,7 @@ func (d *dispatcher) shutdown() {
 	d.untrackAll(ErrClosed)
 	if d.sess != nil {
 		d.sess.close()
-		d.s.state.ended(ErrClosed, d.sessOpen, d.clock.Now())
+		d.s.state.ended(ErrClosed, d.sessHeard, d.clock.Now())
 	}
 	d.retry.Stop()
 	d.stall.Stop()
@@ -308,6 +309,9 @@ func kindOf(resp *wireResponse) responseKind {
 func (d *dispatcher) handleResponse(resp *wireResponse) {
 	d.s.stats.responses.Add(1)
 	d.live.heard = true
+	if d.live.probing {
+		d.probeAnswered()
+	}
 	if !d.sessHeard {
 		d.streamWorks()
 	}

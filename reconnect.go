@@ -51,7 +51,7 @@ func (d *dispatcher) handleSessionEnd() {
 	d.discard = false
 	d.live.Stop()
 	now := d.clock.Now()
-	d.s.state.ended(err, d.sessOpen, now)
+	d.s.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
@@ -65,6 +65,9 @@ func (d *dispatcher) handleSessionEnd() {
 	}
 	if end.worked {
 		d.downSince = now
+		if d.sessHeard {
+			d.downSince = d.heardAt // the watches have heard nothing since: a silent stream counts from then
+		}
 	}
 	delay := d.backoff.next(now, end)
 	d.s.stats.reconnects.Add(1)
@@ -113,15 +116,16 @@ func (d *dispatcher) requeueAll() {
 	d.progress.suspend()
 }
 
-// handleLivenessTick checks that the stream is still talking: after a quiet
-// interval it sends a probe, and if nothing at all arrives within the
-// timeout the session is ended, to be replaced by a new one.
+// handleLivenessTick checks that the stream is still talking: idle after its
+// last message it sends a probe, and if nothing at all arrives within the
+// timeout the session is ended, to be replaced by a new one. So a stream
+// that goes silent is given up idle plus timeout after its last message.
 func (d *dispatcher) handleLivenessTick() {
 	l := &d.live
 	switch {
-	case l.heard:
+	case l.heard: // quiet since the last burst: probe once that is idle ago
 		l.heard, l.probing = false, false
-		l.Reset(d.clock, l.idle)
+		l.Reset(d.clock, max(l.idle-d.clock.Now().Sub(d.heardAt), 0))
 	case !l.probing:
 		l.probing = true
 		d.log.Debug("etcdwatch: stream quiet; probing")
@@ -131,6 +135,14 @@ func (d *dispatcher) handleLivenessTick() {
 		d.log.Warn("etcdwatch: watch stream silent; reconnecting", "timeout", l.timeout)
 		d.sess.exit(errSilent)
 	}
+}
+
+// probeAnswered ends a probe the moment the stream says anything: the
+// next is due idle from now.
+func (d *dispatcher) probeAnswered() {
+	l := &d.live
+	l.heard, l.probing = false, false
+	l.Reset(d.clock, l.idle)
 }
 
 // probeKey is watched, and at once unwatched, by liveness probes.
@@ -148,6 +160,7 @@ func (d *dispatcher) sendProbe() {
 // streams that failed, says so once, with how long the watches were down.
 func (d *dispatcher) streamWorks() {
 	d.sessHeard = true
+	d.s.state.answered(d.clock.Now())
 	d.hurry.Stop()
 	if d.downSince.IsZero() {
 		return

@@ -120,21 +120,19 @@ func TestRequestProgressSurvivesReconnect(t *testing.T) {
 func TestSilentStreamIsReplaced(t *testing.T) {
 	const idle, timeout = 20 * time.Millisecond, 50 * time.Millisecond
 	clk := clock.NewFake()
-	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithLiveness(idle, timeout))
-	w := h.watch(etcdwatch.Key("a"), 3) // the clock stands still: no probe yet
+	var logs logRecorder
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithLiveness(idle, timeout), etcdwatch.WithLogger(slog.New(&logs)))
+	w := h.watch(etcdwatch.Key("a"), 3) // heard now; the clock stands still: no probe yet
+	require.True(t, h.s.State().Connected, "the server answered on the stream")
 	awaitArmed(t, clk, idle)
-	clk.Advance(idle) // heard from since the stream opened: nothing to do
-	awaitArmed(t, clk, idle)
-	clk.Advance(idle) // quiet since: a probe
+	clk.Advance(idle) // quiet for idle since the last message: a probe
 	// The probe is answered, as etcd would; the stream stays, and the
 	// probe watch is released.
 	probe := h.srv.RecvCreate(t)
 	require.NotEqual(t, "a", string(probe.Key))
 	h.srv.Send(t, ws.Created(probe.WatchId, 3))
 	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
-	awaitArmed(t, clk, timeout)
-	clk.Advance(timeout) // the probe's answer was heard: quiet for another idle
-	awaitArmed(t, clk, idle)
+	awaitArmed(t, clk, idle) // idle from the answer
 	clk.Advance(idle)
 	// The next probe is not answered: once its timeout has passed, the
 	// stream must be given up.
@@ -144,8 +142,11 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	clk.Advance(timeout - time.Millisecond)
 	etcdwatch.Settle(t, h.s, wait)
 	require.Zero(t, h.s.Stats().Reconnects, "replaced before its timeout")
+	require.True(t, h.s.State().Connected, "unanswered for less than idle plus timeout")
 	clk.Advance(time.Millisecond)
 	require.True(t, silent.Ended(t), "silent stream not ended")
+	h.await(func() bool { return h.s.Stats().Reconnects == 1 })
+	require.False(t, h.s.State().Connected, "a replaced stream's server has not answered yet")
 	h.srv = h.server.Accept(t)
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, "a", string(c.Key))
@@ -153,6 +154,10 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	h.srv.Send(t, ws.Created(c.WatchId, 9))
 	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("a", "v", 9)))
 	require.Equal(t, int64(9), next(t, w).Revision)
+	require.True(t, h.s.State().Connected)
+	// Down from the probe's answer, the last message, to the new stream's
+	// first: the silence counts, not only the time after it was noticed.
+	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back down="+(idle+timeout).String()), "%q", logs.msgs)
 	require.Equal(t, uint64(1), h.s.Stats().Reconnects)
 	require.Equal(t, int64(1), h.s.Stats().Watches, "probes are not watches")
 }
@@ -225,7 +230,8 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 }
 
 // logRecorder is a slog.Handler that keeps the messages it is given, each
-// after its level ("WARN etcdwatch: ...").
+// after its level and followed by its attributes ("WARN etcdwatch: ...
+// err=...").
 type logRecorder struct {
 	mu   sync.Mutex
 	msgs []string
@@ -237,7 +243,12 @@ func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
 func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
+	m := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		m += " " + a.String()
+		return true
+	})
+	l.msgs = append(l.msgs, m)
 	return nil
 }
 

@@ -9,7 +9,13 @@ import (
 // State is where a Stream's gRPC stream stands, for health checks and for
 // telling why watches wait.
 type State struct {
-	// Connected is true while a Watch stream is open on the connection.
+	// Connected is true while the server answers on the current Watch
+	// stream: from its first message (the answer to a create, or to a
+	// liveness probe on a Stream with nothing to watch) until the stream
+	// ends. A stream that goes silent is given up WithLiveness's idle plus
+	// timeout after its last message, so over a connection that stopped
+	// carrying packets Connected turns false then, and stays false until a
+	// server answers again: it is the Stream's health signal.
 	Connected bool
 	// Since is when Connected last changed; Open's time at first.
 	Since time.Time
@@ -22,13 +28,13 @@ type State struct {
 	LastErrorAt time.Time
 }
 
-// stateBox holds a Stream's State. The dispatcher writes whether the stream
-// is open; the goroutine opening a stream writes the connection errors it
+// stateBox holds a Stream's State. The dispatcher writes whether the server
+// answers; the goroutine opening a stream writes the connection errors it
 // meets while it waits. Readers take a copy.
 type stateBox struct {
 	mu       sync.Mutex
 	st       State
-	reported bool // a failure has been recorded since the stream was last open
+	reported bool // a failure has been recorded since the server last answered
 }
 
 func (b *stateBox) get() State {
@@ -37,27 +43,27 @@ func (b *stateBox) get() State {
 	return b.st
 }
 
-// opened records a stream that has opened.
-func (b *stateBox) opened(now time.Time) {
+// answered records a stream on which the server has answered.
+func (b *stateBox) answered(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.st.Connected, b.st.Since = true, now
 	b.reported = false
 }
 
-// ended records a stream that has ended with err; wasOpen tells whether it
-// had opened.
-func (b *stateBox) ended(err error, wasOpen bool, now time.Time) {
+// ended records a stream that has ended with err; answered tells whether
+// the server had answered on it.
+func (b *stateBox) ended(err error, answered bool, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if wasOpen {
+	if answered {
 		b.st.Connected, b.st.Since = false, now
 	}
 	b.st.LastError, b.st.LastErrorAt = err, now
 }
 
 // failed records err, which ended a stream or kept one from opening, and
-// reports whether it is the first failure since the stream was last open.
+// reports whether it is the first failure since the server last answered.
 func (b *stateBox) failed(err error, now time.Time) (first bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -75,7 +81,7 @@ func (st State) Explain(cause error) error {
 	if st.Connected || st.LastError == nil {
 		return cause
 	}
-	return fmt.Errorf("%w (the watch stream has not been open since %s: %w)", cause, st.Since.Format(time.RFC3339), st.LastError)
+	return fmt.Errorf("%w (the server has not answered on a watch stream since %s: %w)", cause, st.Since.Format(time.RFC3339), st.LastError)
 }
 
 // explain is Explain for the State now.

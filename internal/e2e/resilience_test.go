@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
@@ -176,6 +177,51 @@ func TestBlackholedConnectionIsReplaced(t *testing.T) {
 	st := s.Stats()
 	require.Positive(t, st.Reconnects)
 	t.Logf("recovered %v after the blackhole (liveness 1s+1s, keepalive 10s+5s); %d events checked; reconnects %d", recovered, events, st.Reconnects)
+}
+
+// TestConnectedIsFalseWhileBlackholed: over a plain connection without
+// keepalive, which gRPC never gives up, a blackhole is noticed only by the
+// Stream's liveness probe; each stream it opens to replace the silent one
+// goes over the same dead connection. State.Connected must say so: false
+// from the first replacement on, through every later one, until a server
+// answers again (here once the proxy cuts the dead connection and gRPC
+// dials a new one).
+func TestConnectedIsFalseWhileBlackholed(t *testing.T) {
+	leakCheck(t)
+	kv := client(t)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
+	conn, err := grpc.NewClient(proxy.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	s, err := etcdwatch.Open(conn, fastRetry, etcdwatch.WithLiveness(300*time.Millisecond, 300*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	prefix := unique("connected")
+	w, err := s.Watch(ctx(t), etcdwatch.Prefix(prefix))
+	require.NoError(t, err)
+	require.True(t, s.State().Connected, "the server has answered the create")
+
+	require.Positive(t, proxy.Blackhole())
+	require.Eventually(t, func() bool { return !s.State().Connected }, wait, time.Millisecond,
+		"Connected stayed true over a blackholed connection")
+	// Sample the state while three more streams open over the dead
+	// connection and are given up: each is open for most of its life, and
+	// a Connected that meant "open" would read true nearly all the time.
+	sample := time.NewTicker(5 * time.Millisecond)
+	defer sample.Stop()
+	for before := s.Stats().Reconnects; s.Stats().Reconnects < before+3; <-sample.C {
+		require.False(t, s.State().Connected, "a stream over the dead connection was reported Connected")
+	}
+
+	proxy.Cut() // the dead connection ends; gRPC dials anew
+	require.Eventually(t, func() bool { return s.State().Connected }, wait, time.Millisecond, "Connected never came back")
+	rev := put(t, kv, prefix+"k", "v")
+	for {
+		r := next(t, w)
+		if len(r.Events) > 0 && r.Events[len(r.Events)-1].ModRevision >= rev {
+			break
+		}
+	}
 }
 
 // TestCompactionWhileDisconnected: history the watch needs is compacted
