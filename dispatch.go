@@ -1,6 +1,7 @@
 package etcdwatch
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -345,10 +346,14 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	}
 	delete(d.watches, id)
 	var err error = classifyReason(resp.CancelReason)
+	level := slog.LevelWarn
 	if resp.CompactRevision > 0 {
+		// Its consumer gets the *CompactedError, and knows what to do (a
+		// view lists again): worth telling, not warning about.
 		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1}
+		level = slog.LevelInfo
 	}
-	d.log.Warn("etcdwatch: server ended the watch", "watch", w.req.String(), "id", id, "err", err)
+	d.log.Log(context.Background(), level, "etcdwatch: server ended the watch", "watch", w.req.String(), "id", id, "err", err)
 	d.endWatch(w, err)
 }
 

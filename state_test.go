@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -163,13 +164,19 @@ func TestStateFollowsTheStream(t *testing.T) {
 	require.ErrorIs(t, closed.LastError, etcdwatch.ErrClosed)
 }
 
-// TestServerEndedWatchIsLoggedAtWarn: a watch the server ends (here by
-// compaction) is logged once, at Warn.
-func TestServerEndedWatchIsLoggedAtWarn(t *testing.T) {
+// TestServerEndedWatchIsLogged: a watch the server ends is logged once: at
+// Warn when it refuses the watch (here a permission), at Info when it ends
+// it as compacted, which the consumer is told and knows how to handle (a
+// view lists again by itself).
+func TestServerEndedWatchIsLogged(t *testing.T) {
 	var logs logRecorder
 	h := newHarness(t, etcdwatch.WithLogger(slog.New(&logs)))
-	w := h.watch(etcdwatch.Key("a"), 1)
-	h.srv.Send(t, ws.Compacted(w.ID(), 5))
-	require.ErrorIs(t, ended(t, w), etcdwatch.ErrCompacted)
-	require.Equal(t, 1, logs.count("WARN etcdwatch: server ended the watch"))
+	compacted := h.watch(etcdwatch.Key("a"), 1)
+	refused := h.watch(etcdwatch.Key("b"), 1)
+	h.srv.Send(t, ws.Compacted(compacted.ID(), 5))
+	require.ErrorIs(t, ended(t, compacted), etcdwatch.ErrCompacted)
+	h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(5), WatchId: refused.ID(), Canceled: true, CancelReason: "etcdserver: permission denied"})
+	require.ErrorIs(t, ended(t, refused), etcdwatch.ErrPermissionDenied)
+	require.Equal(t, 1, logs.count(`INFO etcdwatch: server ended the watch watch=key "a"`), "%q", logs.msgs)
+	require.Equal(t, 1, logs.count(`WARN etcdwatch: server ended the watch watch=key "b"`), "%q", logs.msgs)
 }

@@ -4,8 +4,8 @@
 //
 // The demo starts an embedded etcd behind a fault proxy and makes the
 // Stream log the two things operators most want to see: the server ending
-// a watch (its start revision was compacted away), at Warn, and a lost
-// connection and its recovery, at Info. Its standard output is nothing but
+// a watch (its start revision was compacted away, which its consumer is
+// told), and a lost connection and its recovery, all at Info. Its standard output is nothing but
 // the log lines:
 //
 //	go run ./slogjson | jq .
@@ -38,7 +38,8 @@ func main() {
 
 // newLogger is the wiring to copy: a JSON handler at Info, which keeps the
 // lines an operator acts on (Warn: a stream that cannot open, a watch the
-// server ended; Info: a stream lost and back) and leaves out the Debug
+// server refused; Info: a watch ended as compacted, a stream lost and
+// back) and leaves out the Debug
 // ones (each pause of a slow consumer, each probe of a quiet stream). The
 // stream attribute tells apart the lines of several Streams. Durations
 // (how long the watches were down, the delay before a new stream) are

@@ -54,7 +54,7 @@ func TestLines(t *testing.T) {
 			warn = sc.Text()
 		}
 	}
-	require.Equal(t, `{"level":"WARN","msg":"etcdwatch: server ended the watch","stream":"demo",`+
+	require.Equal(t, `{"level":"INFO","msg":"etcdwatch: server ended the watch","stream":"demo",`+
 		`"watch":"keys [\"demo/\", \"demo0\")","id":4294967296,"err":"etcdwatch: watch needs revision 2, compacted up to 4"}`, warn)
 
 	ended := byMsg["etcdwatch: watch stream ended; reconnecting"]
