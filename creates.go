@@ -128,7 +128,7 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 	id := resp.WatchID
 	if _, taken := d.watches[id]; taken || id < 0 {
 		d.log.Error("etcdwatch: server confirmed a watch with an unusable id", "id", id)
-		d.endWatch(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id), kind: ErrServerCanceled})
+		d.endWatch(w, &ServerError{Reason: fmt.Sprintf("server confirmed the watch with id %d, which is in use", id)})
 		return
 	}
 	if d.pipeline.confirmed(id == w.entry.reqID) {

@@ -19,7 +19,8 @@ var (
 	// ErrInvalidRequest wraps every error returned by Request.Validate.
 	ErrInvalidRequest = errors.New("etcdwatch: invalid request")
 
-	// ErrInvalidArgument wraps errors for bad arguments to Open and bad options.
+	// ErrInvalidArgument wraps errors for bad arguments and options: to Open,
+	// to dial.New, to view.New.
 	ErrInvalidArgument = errors.New("etcdwatch: invalid argument")
 
 	// ErrCompacted matches a *CompactedError.
@@ -71,13 +72,14 @@ func (e *CompactedError) Error() string {
 // Is reports whether target is ErrCompacted.
 func (e *CompactedError) Is(target error) bool { return target == ErrCompacted }
 
-// ServerError is a create refused or a watch canceled by the server, with the
-// server's reason. It unwraps to ErrPermissionDenied, ErrUnauthenticated,
-// ErrInvalidRequest, ErrCompacted (a create refused as compacted, without a
-// compact revision) or ErrServerCanceled.
+// ServerError is a create refused or a watch canceled by the server, or
+// another request of the Stream's or of a wing's (a view's Range) that it
+// refused, with the server's reason. It unwraps to the sentinel its reason
+// means: ErrPermissionDenied, ErrUnauthenticated, ErrInvalidRequest,
+// ErrCompacted (a create refused as compacted, without a compact
+// revision) or, for any other reason, ErrServerCanceled.
 type ServerError struct {
-	Reason string // cancel_reason as the server sent it; may be empty
-	kind   error
+	Reason string // as the server sent it (cancel_reason, or a status message); may be empty
 }
 
 // Error is the sentinel's text and the server's reason.
@@ -88,19 +90,13 @@ func (e *ServerError) Error() string {
 	return e.Unwrap().Error() + ": " + e.Reason
 }
 
-// Unwrap returns the sentinel the reason was classified as:
-// ErrServerCanceled for a ServerError made by hand (a test's).
-func (e *ServerError) Unwrap() error {
-	if e.kind == nil {
-		return ErrServerCanceled
-	}
-	return e.kind
-}
+// Unwrap returns the sentinel the reason means.
+func (e *ServerError) Unwrap() error { return reasonKinds[rpcerr.Classify(e.Reason)] }
 
 // classifyReason turns a server cancel reason into a *ServerError. The
 // text is read in internal/rpcerr, the one place that reads the server's.
 func classifyReason(reason string) *ServerError {
-	return &ServerError{Reason: reason, kind: reasonKinds[rpcerr.Classify(reason)]}
+	return &ServerError{Reason: reason}
 }
 
 // reasonKinds maps what rpcerr made of a reason to the sentinel it matches.

@@ -54,8 +54,11 @@ func WithIntegrityCheck(interval time.Duration) Option {
 // revision, and the revision its watch would resume from after a reconnect,
 // keep up with the store even when nobody writes its range: an idle range is
 // then not compacted out from under it. 0 leaves that to the server's own
-// progress notifications (every 10 minutes by default). Default 1 minute;
-// at least 0.
+// progress notifications (every 10 minutes by default). On etcd
+// 3.4.0-3.4.24 and 3.5.0-3.5.7 progress requests are unsafe and never sent
+// (see etcdwatch.ErrProgressUnsupported), so there this option does
+// nothing: an idle range's revision, and its Lag, move only with the
+// server's own notifications. Default 1 minute; at least 0.
 func WithBookmarkInterval(d time.Duration) Option {
 	return func(o *options) { o.bookmark = d }
 }

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/cow"
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // runner is the state's goroutine, started by New (core.start), and what
@@ -86,18 +89,30 @@ func (r *runner[T]) relist() error {
 // stream down meanwhile). The watch's other errors are final: a refusal,
 // the Source closed or failed for good.
 func relistRetryable(err error) bool {
-	var le *listError
-	if errors.As(err, &le) {
-		return listRetryable(le.err)
+	var re *readError
+	if errors.As(err, &re) {
+		return listRetryable(re.err)
 	}
 	return errors.Is(err, etcdwatch.ErrCreateTimeout)
 }
 
-// listError is a failed listing, which relist may try again.
-type listError struct{ err error }
+// readError is a failed read of the range (a listing, which relist may try
+// again, or Sync's). A refusal (a permission, credentials) also matches
+// the sentinel a Watch refused for the same cause would: it unwraps to the
+// gRPC error and to an *etcdwatch.ServerError with the server's reason.
+type readError struct {
+	what string
+	err  error
+}
 
-func (e *listError) Error() string { return "etcdwatch/view: listing the range: " + e.err.Error() }
-func (e *listError) Unwrap() error { return e.err }
+func (e *readError) Error() string { return "etcdwatch/view: " + e.what + ": " + e.err.Error() }
+
+func (e *readError) Unwrap() []error {
+	if s, ok := status.FromError(e.err); ok && rpcerr.Final(e.err) {
+		return []error{e.err, &etcdwatch.ServerError{Reason: s.Message()}}
+	}
+	return []error{e.err}
+}
 
 // listAndWatch lists the range at a new revision R, comparing it with the
 // published state as it goes, watches from R, and publishes the new state
@@ -112,7 +127,7 @@ func (r *runner[T]) listAndWatch() error {
 	defer d.stop()
 	rev, err := r.list.list(r.ctx, listing{}, d.take)
 	if err != nil {
-		return &listError{err}
+		return &readError{"listing the range", err}
 	}
 	d.finish(rev)
 	// From rev, not rev+1: a watch from the revision after the store's

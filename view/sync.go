@@ -62,7 +62,7 @@ func (c *core[T]) sync(ctx context.Context) error {
 func (c *core[T]) syncByRead(ctx context.Context) error {
 	f, err := c.reads.fresh(ctx)
 	if err != nil {
-		return err
+		return &readError{"reading the range for Sync", err}
 	}
 	return c.await(ctx, func(s *Snapshot[T]) bool {
 		return s.rev >= f.rev || (int64(s.Len()) == f.count && f.newest <= s.rev)

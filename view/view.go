@@ -17,6 +17,10 @@ import (
 // (Relisted batches). Its methods are safe for concurrent use. The zero
 // View is not usable: New and Share make them.
 //
+// Once a View has ended (Close, its Source's end, a refusal), Get, All,
+// Len, Revision and Snapshot go on answering from the last state it
+// published, which no longer changes; check Err (or Done) to tell.
+//
 // Share returns another View of the same state and server-side watch; the
 // state lives until every View of it is closed, its Source's Context ends,
 // or the server refuses it for good.
@@ -141,11 +145,30 @@ func (v *View[T]) Err() error {
 // bound returns ctx, ended also when the view ends, with the view's cause.
 func (v *View[T]) bound(ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
+	if v.ctx.Err() != nil { // ended already: now, not in AfterFunc's goroutine
+		cancel(context.Cause(v.ctx))
+		return ctx, func() {}
+	}
 	stop := context.AfterFunc(v.ctx, func() { cancel(context.Cause(v.ctx)) })
 	return ctx, func() {
 		stop()
 		cancel(nil)
 	}
+}
+
+// outcome is err, unless the view or ctx (bound) has ended, in which case
+// it is why: view.ErrClosed, the Source's cause, or the caller's, rather
+// than whatever an RPC cut short by it said.
+func (v *View[T]) outcome(ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case v.ctx.Err() != nil:
+		return context.Cause(v.ctx)
+	case ctx.Err() != nil:
+		return context.Cause(ctx)
+	}
+	return err
 }
 
 // Stats returns the view's counters. Views of one state share them.
@@ -157,7 +180,7 @@ func (v *View[T]) Stats() Stats { return v.core.statsNow() }
 func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
-	return v.core.await(ctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
+	return v.outcome(ctx, v.core.await(ctx, func(s *Snapshot[T]) bool { return s.rev >= rev }))
 }
 
 // Sync waits until the view is at least as fresh as a linearizable read of
@@ -178,7 +201,7 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 func (v *View[T]) Sync(ctx context.Context) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
-	return v.core.sync(ctx)
+	return v.outcome(ctx, v.core.sync(ctx))
 }
 
 // Subscribe returns a subscription to the view's batches of changes with
