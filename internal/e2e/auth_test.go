@@ -25,10 +25,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/view"
 )
 
 // tokenTTL is the members' simple-token TTL, in seconds. A token unused for
@@ -228,6 +231,11 @@ func TestPermissionDeniedEndsOnlyItsWatch(t *testing.T) {
 	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
 	var se *etcdwatch.ServerError
 	require.ErrorAs(t, err, &se)
+	// A view of the same prefix says so as the watch does.
+	_, err = view.New(c, s, etcdwatch.Prefix("forbidden/"), view.DecodeBytes)
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied, "%v", err)
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, codes.PermissionDenied, status.Code(err))
 	teamWatch, err := s.Watch(t.Context(), etcdwatch.Prefix(team))
 	require.NoError(t, err)
 	w := startWriter(t, sc.admin, prefix, 10)
