@@ -23,7 +23,7 @@ func (d *dispatcher) bind(w *Watch, ctx context.Context) {
 		g = &ctxGroup{ctx: ctx, watches: make(map[*Watch]struct{})}
 		// The AfterFunc's goroutine exits once the command is taken or the
 		// Stream is done.
-		g.stop = context.AfterFunc(ctx, func() { d.s.command(ctxDoneCmd{g}) })
+		g.stop = context.AfterFunc(ctx, func() { d.l.command(ctxDoneCmd{g}) })
 		d.ctxs[done] = g
 	}
 	g.watches[w] = struct{}{}

@@ -37,7 +37,7 @@ func (d *dispatcher) flushCreates() {
 			continue
 		}
 		e.reqID = d.newID()
-		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: e.reqID, start: e.start(), watch: &w.req})
+		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: e.reqID, start: e.start(d.s.stats.revision.Load()), watch: &w.req})
 		d.pending.Push(w)
 	}
 }

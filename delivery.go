@@ -213,7 +213,7 @@ func (o *delivery) closeOut() {
 // closing. When a backlog that was behind falls to half the limit it asks
 // the dispatcher to resume the watch (or end its stall).
 func (w *Watch) pump(stop chan struct{}) {
-	s := w.stream
+	s := w.lane.s
 	defer s.pumps.Done()
 	defer s.hooks.at(hookPumpDone)
 	r, ok, _ := w.out.next(load{}, s.limit)
@@ -227,7 +227,7 @@ func (w *Watch) pump(stop chan struct{}) {
 		var caughtUp bool
 		r, ok, caughtUp = w.out.next(took, s.limit)
 		if caughtUp {
-			s.command(resumeCmd{w})
+			w.lane.command(resumeCmd{w})
 		}
 		s.hooks.at(hookTook)
 	}

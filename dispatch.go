@@ -14,6 +14,7 @@ import (
 // each kind of message has one handler, and none of them blocks.
 type dispatcher struct {
 	s     *Stream
+	l     *lane // the lane it owns
 	open  opener
 	log   *slog.Logger
 	clock clock.Clock
@@ -50,9 +51,11 @@ type dispatcher struct {
 	stall          stall // a consumer at its buffer limit holding up the stream
 }
 
-func newDispatcher(s *Stream, open opener) *dispatcher {
+func newDispatcher(l *lane, open opener) *dispatcher {
+	s := l.s
 	return &dispatcher{
 		s:          s,
+		l:          l,
 		open:       open,
 		log:        s.opts.logger,
 		clock:      s.opts.clock,
@@ -95,7 +98,7 @@ func (d *dispatcher) run() {
 			}
 		}
 		select {
-		case c := <-d.s.cmds:
+		case c := <-d.l.cmds:
 			d.handleCommands(c)
 		case resp := <-recv:
 			d.heardAt = d.clock.Now() // once a burst: a clock read costs as much as routing a response
@@ -165,7 +168,7 @@ func (d *dispatcher) handleCommands(c command) {
 	d.s.hooks.at(hookCommand)
 	for range drainBatch {
 		select {
-		case c := <-d.s.cmds:
+		case c := <-d.l.cmds:
 			c.handle(d)
 			d.s.hooks.at(hookCommand)
 		default:
@@ -186,7 +189,7 @@ func (d *dispatcher) shutdown() {
 	d.untrackAll(ErrClosed)
 	if d.sess != nil {
 		d.sess.close()
-		d.s.state.ended(ErrClosed, d.sessHeard, d.clock.Now())
+		d.l.state.ended(ErrClosed, d.sessHeard, d.clock.Now())
 	}
 	d.retry.Stop()
 	d.stall.Stop()
@@ -195,7 +198,7 @@ func (d *dispatcher) shutdown() {
 	d.progress.Stop()
 	for {
 		select {
-		case c := <-d.s.cmds:
+		case c := <-d.l.cmds:
 			c.refuse(ErrClosed)
 		default:
 			return
@@ -318,7 +321,7 @@ func (d *dispatcher) handleResponse(resp *wireResponse) {
 	}
 	if resp.Header.Revision > d.maxRev {
 		d.maxRev = resp.Header.Revision
-		d.s.stats.revision.Store(d.maxRev)
+		storeMax(&d.s.stats.revision, d.maxRev)
 	}
 	switch kindOf(resp) {
 	case kindCreated:
@@ -369,7 +372,7 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 		return
 	}
 	e := &w.entry
-	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev)
+	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev, e.again)
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		d.frags[w] = events

@@ -105,7 +105,7 @@ func (f *fuzzServer) readOutbox() {
 	f.d.outbox = nil
 	for { // resume commands from pumps
 		select {
-		case c := <-f.d.s.cmds:
+		case c := <-f.d.l.cmds:
 			c.handle(f.d)
 		default:
 			return
@@ -178,7 +178,7 @@ func (f *fuzzServer) step(op, arg byte) {
 				r = r.FromRevision(f.rev + int64(arg%5))
 			}
 			r.Fragment = arg%2 == 0
-			w := newWatch(f.d.s, r)
+			w := newWatch(f.d.l, r)
 			f.watches = append(f.watches, w)
 			f.consume(w)
 			ws = append(ws, w)
@@ -287,9 +287,9 @@ func (f *fuzzServer) step(op, arg byte) {
 // sent to, and a watch's revisions never go back. Seeds: testdata/fuzz.
 func FuzzDispatcher(f *testing.F) {
 	f.Fuzz(func(t *testing.T, script []byte) {
-		s := &Stream{opts: defaultOptions(), cmds: make(chan command, 64), closing: make(chan struct{}), done: make(chan struct{})}
+		s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
 		s.opts.bufferLimit = 4
-		d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+		d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 		d.sess = startSession(d.open, nil)
 		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
 		f.ctx, f.cancel = context.WithCancelCause(context.Background())
@@ -308,6 +308,13 @@ func FuzzDispatcher(f *testing.F) {
 			t.Errorf("%d context registrations outlive their watches", len(d.ctxs))
 		}
 	})
+}
+
+// testLane is a lane of s whose dispatcher a test drives by hand.
+func testLane(s *Stream) *lane {
+	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{})}
+	s.main = l
+	return l
 }
 
 // TestBackoff: a stream that worked is followed by the next at once (at
@@ -418,10 +425,10 @@ func TestStallRation(t *testing.T) {
 // stream a second time; both creates wait for the next stream, which sends
 // them one at a time.
 func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
-	s := &Stream{opts: defaultOptions(), cmds: make(chan command, 64), closing: make(chan struct{}), done: make(chan struct{})}
-	d := newDispatcher(s, func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
+	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 	d.sess = startSession(d.open, nil)
-	ws := []*Watch{newWatch(s, Key("a")), newWatch(s, Key("b"))}
+	ws := []*Watch{newWatch(d.l, Key("a")), newWatch(d.l, Key("b"))}
 	for _, w := range ws {
 		w.entry.created = make(chan created, 2)
 	}

@@ -23,6 +23,7 @@ type entry struct {
 	group       *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
 	reqID       int64          // id asked for in the create in flight
 	rev         int64          // every event <= rev has been queued for the consumer
+	again       int64          // a revision asked for again, whose events the server sends a second time; 0 for none
 }
 
 func (e *entry) init(r Request) {
@@ -32,10 +33,22 @@ func (e *entry) init(r Request) {
 
 // start is the revision a create for the watch asks for: the one after
 // what it has delivered, or 0 ("from now") before its first confirmation.
-func (e *entry) start() int64 {
-	if e.fromNow {
+// A watch re-created (after a pause, or on a new stream) that has reached
+// head, the highest revision the Stream has seen, asks for its own
+// revision again instead: to etcd 3.5.13 and later a watch from a
+// revision the store has not reached waits for the future, and no
+// progress request on its gRPC stream is answered until the next write
+// anywhere. That revision's events, if any, come again, and are dropped as
+// expected (again). A first create asks for what its Request says.
+func (e *entry) start(head int64) int64 {
+	switch {
+	case e.fromNow:
 		return 0
+	case e.created == nil && e.rev >= 1 && e.rev >= head:
+		e.again = e.rev
+		return e.rev
 	}
+	e.again = 0
 	return e.rev + 1
 }
 

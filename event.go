@@ -87,15 +87,18 @@ func (r Response) IsProgress() bool { return len(r.Events) == 0 }
 
 // newerEvents keeps the events of src with ModRevision > after: appended to
 // dst if dst holds earlier fragments of the revision, else in src itself,
-// which the caller owns. It returns the events and how many it dropped.
-func newerEvents(dst, src []Event, after int64) ([]Event, int) {
+// which the caller owns. It returns the events and how many it dropped
+// that were not expected: those of revision again, asked for again, were.
+func newerEvents(dst, src []Event, after, again int64) ([]Event, int) {
 	if dst == nil {
 		dst = src[:0]
 	}
 	skipped := 0
 	for _, e := range src {
 		if e.ModRevision <= after {
-			skipped++
+			if e.ModRevision != again {
+				skipped++
+			}
 			continue
 		}
 		dst = append(dst, e)

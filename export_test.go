@@ -87,7 +87,7 @@ func (c settleCmd) refuse(error)       { close(c.done) }
 func Settle(t testing.TB, s *Stream, d time.Duration) {
 	t.Helper()
 	c := settleCmd{done: make(chan struct{})}
-	s.command(c)
+	s.main.command(c)
 	select {
 	case <-c.done:
 	case <-time.After(d):

@@ -8,11 +8,16 @@ import (
 	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
-// progressWaiter is one RequestProgress call waiting for an answer.
+// progressWaiter is one RequestProgress call waiting for an answer from a
+// lane.
 type progressWaiter struct {
 	ctx    context.Context
-	minRev int64               // the highest revision the stream had seen when the call began
+	minRev int64               // the highest revision the Stream had seen when the call began; an answer below is too old
 	reply  chan progressResult // buffered 1: the dispatcher never waits on it
+}
+
+func newProgressWaiter(ctx context.Context, floor int64) *progressWaiter {
+	return &progressWaiter{ctx: ctx, minRev: floor, reply: make(chan progressResult, 1)}
 }
 
 type progressResult struct {
@@ -41,7 +46,7 @@ func (p *progressState) waited() bool { return len(p.waiting)+len(p.next)+len(p.
 
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	d.stallShared()
-	p.minRev = d.maxRev
+	p.minRev = max(p.minRev, d.maxRev)
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}

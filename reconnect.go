@@ -51,7 +51,7 @@ func (d *dispatcher) handleSessionEnd() {
 	d.discard = false
 	d.live.Stop()
 	now := d.clock.Now()
-	d.s.state.ended(err, d.sessHeard, now)
+	d.l.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
@@ -152,7 +152,7 @@ var probeKey = []byte("\x00etcdwatch-liveness-probe")
 // which etcd 3.6+ leaves unanswered while any watch catches up or starts in
 // the future, a create is always answered, refused or not.
 func (d *dispatcher) sendProbe() {
-	d.toCreate.Push(&Watch{stream: d.s, req: Request{Key: probeKey}, entry: entry{probe: true}})
+	d.toCreate.Push(&Watch{lane: d.l, req: Request{Key: probeKey}, entry: entry{probe: true}})
 	d.flushCreates()
 }
 
@@ -160,7 +160,7 @@ func (d *dispatcher) sendProbe() {
 // streams that failed, says so once, with how long the watches were down.
 func (d *dispatcher) streamWorks() {
 	d.sessHeard = true
-	d.s.state.answered(d.clock.Now())
+	d.l.state.answered(d.clock.Now())
 	d.hurry.Stop()
 	if d.downSince.IsZero() {
 		return

@@ -26,6 +26,13 @@ type Request struct {
 	// Fragment lets the server split a huge revision into several messages;
 	// the watch joins them again, so Responses never hold half a revision.
 	Fragment bool
+	// Isolated puts the watch on a gRPC stream apart from the Stream's
+	// other watches, shared only with other isolated watches: etcd answers
+	// a progress request once every watch on its gRPC stream has caught
+	// up, so Watch.RequestProgress on an isolated watch waits for none of
+	// the others, however far behind (or ahead, at a future revision)
+	// they are. Views use it. The server does not see it.
+	Isolated bool
 }
 
 // Key watches one key.

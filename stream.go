@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"reflect"
 	"slices"
 	"sync"
@@ -16,23 +15,28 @@ import (
 // Stream is one etcd Watch stream carrying any number of watches. A single
 // dispatcher goroutine owns the stream: it sends every create, cancel and
 // progress request and routes every response by watch id, so a new watch is
-// never confused with another watch's traffic. Its methods are safe for
-// concurrent use.
+// never confused with another watch's traffic. Watches that ask to be
+// isolated (Request.Isolated) share a second such stream of their own, so
+// that progress asked for them waits for none of the others. Its methods
+// are safe for concurrent use.
 type Stream struct {
 	conn    grpc.ClientConnInterface
 	opts    options
 	limit   bufferLimit   // of every watch, from opts
-	cmds    chan command  // to the dispatcher
 	closing chan struct{} // closed by Close
-	done    chan struct{} // closed when the dispatcher has exited, after Close
 	once    sync.Once
 	pumps   sync.WaitGroup          // running Watch.pump goroutines
 	probe   sync.WaitGroup          // the probeRelease goroutine
 	base    context.Context         // ends at Close, with ErrClosed: the probe's and the wings' contexts derive from it
 	stop    context.CancelCauseFunc // ends base; called by Close
 	hooks   *hooks                  // a test's; nil otherwise
-	stats   counters
-	state   stateBox
+	stats   counters                // every lane's
+	main    *lane                   // the watches that are not isolated
+
+	mu       sync.Mutex
+	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
+	release  *versionCmd // what probeRelease learned, for lanes opened after; guarded by mu
+	closed   bool        // Close has begun: no lane opens; guarded by mu
 }
 
 // Open starts a Stream on conn, typically a *grpc.ClientConn dialed to one or
@@ -65,21 +69,10 @@ func Open(conn grpc.ClientConnInterface, opts ...Option) (*Stream, error) {
 		conn:    conn,
 		opts:    o,
 		limit:   bufferLimit{events: o.bufferLimit, bytes: o.bufferBytes},
-		cmds:    make(chan command, 64),
 		closing: make(chan struct{}),
-		done:    make(chan struct{}),
 		hooks:   o.hooks,
 	}
-	s.state.st.Since = o.clock.Now() // before the dispatcher starts
-	open := grpcOpener(conn, o.connectivity, o.callOptions, s.connectionFailed)
-	if o.requireLeader {
-		open = requireLeader(open)
-	}
-	d := newDispatcher(s, open)
-	go func() { // exits when Close is called; Close waits on done
-		defer close(s.done)
-		d.run()
-	}()
+	s.main = s.startLane()
 	s.base, s.stop = context.WithCancelCause(context.Background())
 	s.probe.Go(func() { s.probeRelease(s.base) }) // exits once answered, refused or given up, or at Close; Close waits
 	return s, nil
@@ -162,11 +155,11 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 	created := make(chan created, len(rs)) // buffered for every outcome: the dispatcher never blocks on it
 	ws := make([]*Watch, len(rs))
 	for i, r := range rs {
-		ws[i] = newWatch(s, r.clone())
+		ws[i] = newWatch(s.laneFor(r), r.clone())
 		ws[i].entry.created = created // the dispatcher's from here on
 	}
-	if !s.command(createCmd{ws, ctx}) {
-		return nil, -1, ErrClosed
+	for l, lws := range byLane(ws) {
+		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed
 	}
 	failed, err := s.awaitCreated(ctx, created, len(ws))
 	if err == nil {
@@ -188,8 +181,8 @@ func (s *Stream) cancelAll(ws []*Watch, err error) {
 			ended = append(ended, w)
 		}
 	}
-	if len(ended) > 0 {
-		s.command(cancelCmd{ended})
+	for l, lws := range byLane(ended) {
+		l.command(cancelCmd{lws})
 	}
 	for _, w := range ws {
 		<-w.Done()
@@ -213,10 +206,10 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 				return c.w, c.err
 			}
 		case <-ctx.Done():
-			return nil, s.state.explain(context.Cause(ctx))
+			return nil, s.State().Explain(context.Cause(ctx))
 		case <-timeout:
-			return nil, s.state.explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
-		case <-s.done:
+			return nil, s.State().Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
+		case <-s.closing:
 			return nil, ErrClosed
 		}
 	}
@@ -224,50 +217,60 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 }
 
 // RequestProgress asks the server for a revision R such that every active
-// watch on the stream has queued all its events <= R, and delivers R to
-// each of them as a bookmark after those events. R is at least the highest
-// revision the stream had seen when the call began. A paused watch (one
-// whose consumer fell behind) is not covered: it catches up after it resumes.
+// watch on the stream has queued all its events <= R, and delivers R (or
+// more) to each of them as a bookmark after those events. R is at least the
+// highest revision the stream had seen when the call began. A paused watch
+// (one whose consumer fell behind) is not covered: it catches up after it
+// resumes.
 //
-// etcd 3.6 and later answer only once every watch on the stream has caught
-// up, and never while a watch waits for a future revision, so the request is
-// repeated (WithProgressRetry) until answered or ctx ends: bound ctx. It
-// returns ErrNoWatches when the stream has no watch the server could answer for.
+// It covers every watch, so it waits for the slowest: etcd 3.5.13 and later
+// answer only once every watch on a gRPC stream has caught up, and never
+// while one waits for a future revision, so the request is repeated
+// (WithProgressRetry) until answered or ctx ends: bound ctx. Watch's
+// RequestProgress asks for a watch's own lane only, which for an isolated
+// watch waits for none of the others. It returns ErrNoWatches when the
+// stream has no watch the server could answer for.
 //
 // On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7 (etcd #15220), whose answers can
 // run ahead of events, it returns ErrProgressUnsupported: the Stream asks
 // the server its release (Maintenance Status) when it opens.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
-	p := &progressWaiter{ctx: ctx, reply: make(chan progressResult, 1)}
-	if !s.command(progressCmd{p}) {
-		return 0, ErrClosed
+	floor := s.stats.revision.Load()
+	lanes := s.lanes()
+	ps := make([]*progressWaiter, len(lanes))
+	for i, l := range lanes { // every lane asked at once; then every answer awaited
+		ps[i] = newProgressWaiter(ctx, floor)
+		l.command(progressCmd{ps[i]})
 	}
-	select {
-	case r := <-p.reply:
-		return r.rev, r.err
-	case <-ctx.Done():
-		return 0, s.state.explain(context.Cause(ctx))
-	case <-s.done:
-		return 0, ErrClosed
+	rev, answered := int64(0), false
+	for i, l := range lanes {
+		r := l.await(ctx, ps[i])
+		switch {
+		case errors.Is(r.err, ErrNoWatches): // a lane the server has nothing to answer for
+		case r.err != nil:
+			return 0, r.err
+		case !answered || r.rev < rev:
+			rev, answered = r.rev, true
+		}
 	}
+	if !answered {
+		return 0, ErrNoWatches
+	}
+	return rev, nil
 }
 
 // Stats returns a snapshot of the stream's counters.
 func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 
-// State returns whether the stream is open, since when, and the last error
-// that ended it or kept it from opening.
-func (s *Stream) State() State { return s.state.get() }
-
-// connectionFailed records why a stream could not open for want of a
-// connection, and logs it once per outage: at Warn the first time, at
-// Debug after. Called by the goroutine opening the stream.
-func (s *Stream) connectionFailed(err error) {
-	level := slog.LevelDebug
-	if s.state.failed(err, s.opts.clock.Now()) {
-		level = slog.LevelWarn
+// State returns whether the server answers on the stream, since when, and
+// the last error that ended it or kept it from opening. With isolated
+// watches it is connected while both lanes are.
+func (s *Stream) State() State {
+	st := s.main.state.get()
+	if iso := s.isolatedLane(false); iso != nil {
+		st = combine(st, iso.state.get())
 	}
-	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
+	return st
 }
 
 // Close ends every watch with ErrClosed, ends the gRPC stream and waits for
@@ -276,23 +279,58 @@ func (s *Stream) connectionFailed(err error) {
 // Close does. It is idempotent and always returns nil.
 func (s *Stream) Close() error {
 	s.once.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
 		s.stop(ErrClosed)
 		close(s.closing)
 	})
 	s.probe.Wait()
-	<-s.done
+	for _, l := range s.lanes() {
+		<-l.done
+	}
 	s.pumps.Wait()
 	return nil
 }
 
-// command hands c to the dispatcher. Once the Stream is closed it refuses
-// c with ErrClosed instead, and reports false.
-func (s *Stream) command(c command) bool {
-	select {
-	case s.cmds <- c:
-		return true
-	case <-s.done:
-		c.refuse(ErrClosed)
-		return false
+// lanes returns the Stream's lanes: the main one, and the isolated one if
+// it is open.
+func (s *Stream) lanes() []*lane {
+	if iso := s.isolatedLane(false); iso != nil {
+		return []*lane{s.main, iso}
 	}
+	return []*lane{s.main}
+}
+
+// laneFor returns the lane a watch for r goes on.
+func (s *Stream) laneFor(r Request) *lane {
+	if r.Isolated {
+		if iso := s.isolatedLane(true); iso != nil {
+			return iso
+		}
+	}
+	return s.main // also for an isolated watch once Close has begun: refused there
+}
+
+// isolatedLane returns the lane of isolated watches, opening it if open is
+// set and the Stream is not closing; nil if there is none.
+func (s *Stream) isolatedLane(open bool) *lane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.isolated == nil && open && !s.closed {
+		s.isolated = s.startLane()
+		if s.release != nil {
+			s.isolated.command(*s.release)
+		}
+	}
+	return s.isolated
+}
+
+// byLane groups ws by lane, keeping their order within each.
+func byLane(ws []*Watch) map[*lane][]*Watch {
+	m := make(map[*lane][]*Watch, 1)
+	for _, w := range ws {
+		m[w.lane] = append(m[w.lane], w)
+	}
+	return m
 }

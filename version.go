@@ -45,7 +45,17 @@ const probeAttempts = 10
 // unknown, and taken to be one without etcd #15220.
 func (s *Stream) probeRelease(ctx context.Context) {
 	r, ok := s.askRelease(ctx)
-	s.command(versionCmd{r, ok})
+	c := versionCmd{r, ok}
+	s.mu.Lock()
+	s.release = &c // for a lane opened after
+	lanes := []*lane{s.main}
+	if s.isolated != nil {
+		lanes = append(lanes, s.isolated)
+	}
+	s.mu.Unlock()
+	for _, l := range lanes {
+		l.command(c)
+	}
 }
 
 func (s *Stream) askRelease(ctx context.Context) (serverRelease, bool) {

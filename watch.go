@@ -1,6 +1,9 @@
 package etcdwatch
 
-import "sync/atomic"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // Watch is one watch on a Stream. Its methods are safe for concurrent use.
 //
@@ -10,11 +13,11 @@ import "sync/atomic"
 // what it had buffered before its channel closes; a watch ended by Cancel, its
 // context or Stream.Close delivers nothing more.
 type Watch struct {
+	lane *lane // the gRPC stream and dispatcher it runs on
 	// A Watch is a thin handle over two parts, each with one owner: its
 	// delivery, which the consumer and the goroutine delivering to it
 	// share under a mutex, and its entry, which only the dispatcher
 	// touches.
-	stream *Stream
 	req    Request      // immutable
 	id     atomic.Int64 // the server's id; written by the dispatcher, read by anyone
 	// createdRev is the header revision of the first created response;
@@ -25,8 +28,8 @@ type Watch struct {
 	entry      entry    // the dispatcher's side
 }
 
-func newWatch(s *Stream, r Request) *Watch {
-	w := &Watch{stream: s, req: r}
+func newWatch(l *lane, r Request) *Watch {
+	w := &Watch{lane: l, req: r}
 	w.id.Store(-1)
 	w.entry.init(r)
 	w.out.init(w.entry.rev)
@@ -64,6 +67,19 @@ func (w *Watch) Err() error { return w.out.errIfOver() }
 // has just received, never lead it; Response.Revision is exact.
 func (w *Watch) Revision() int64 { return w.out.delivered.Load() }
 
+// RequestProgress asks the server for a revision R such that every active
+// watch on w's lane has queued all its events <= R, and delivers R to each
+// of them as a bookmark after those events, as Stream.RequestProgress does
+// for every lane: for an isolated watch (Request.Isolated), only the
+// isolated watches, so that no other watch of the Stream can hold the
+// answer up. Calls on a lane share its requests.
+func (w *Watch) RequestProgress(ctx context.Context) (int64, error) {
+	p := newProgressWaiter(ctx, w.lane.s.stats.revision.Load())
+	w.lane.command(progressCmd{p})
+	r := w.lane.await(ctx, p)
+	return r.rev, r.err
+}
+
 // Cancel ends the watch. It is idempotent, and once it returns nothing more
 // is delivered and the channel is closed. The server-side watch is released
 // without waiting for the server.
@@ -72,7 +88,7 @@ func (w *Watch) Cancel() { w.cancelWith(ErrCanceled) }
 // cancelWith ends the watch on its consumer's behalf and tells the dispatcher.
 func (w *Watch) cancelWith(err error) {
 	if w.out.abort(err) {
-		w.stream.command(cancelCmd{[]*Watch{w}})
+		w.lane.command(cancelCmd{[]*Watch{w}})
 	}
 	<-w.Done()
 }

@@ -1,0 +1,103 @@
+package etcdwatch
+
+import (
+	"context"
+	"log/slog"
+)
+
+// lane is one gRPC Watch stream of a Stream and the dispatcher goroutine
+// that owns it. A Stream has a main lane, and an isolated lane for the
+// watches that ask for one (Request.Isolated), opened on the first: etcd
+// answers a progress request only once every watch on its gRPC stream is
+// synced, so a watch catching up from far back, or waiting for a future
+// revision, holds up progress for every watch of its lane, and of no
+// other. Each lane has its own watch ids, progress requests, reconnections
+// and State; the Stream's counters are shared.
+type lane struct {
+	s     *Stream
+	cmds  chan command  // to the dispatcher
+	done  chan struct{} // closed when the dispatcher has exited, after Close
+	state stateBox
+}
+
+// startLane starts a lane's dispatcher; it exits at the Stream's Close,
+// which waits for it through done.
+func (s *Stream) startLane() *lane {
+	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{})}
+	l.state.st.Since = s.opts.clock.Now() // before the dispatcher starts
+	open := grpcOpener(s.conn, s.opts.connectivity, s.opts.callOptions, l.connectionFailed)
+	if s.opts.requireLeader {
+		open = requireLeader(open)
+	}
+	d := newDispatcher(l, open)
+	go func() { // exits when Close is called; Close waits on done
+		defer close(l.done)
+		d.run()
+	}()
+	return l
+}
+
+// command hands c to the lane's dispatcher. Once the Stream is closed it
+// refuses c with ErrClosed instead, and reports false.
+func (l *lane) command(c command) bool {
+	select {
+	case l.cmds <- c:
+		return true
+	case <-l.done:
+		c.refuse(ErrClosed)
+		return false
+	}
+}
+
+// connectionFailed records why the lane's stream could not open for want
+// of a connection, and logs it once per outage: at Warn the first time, at
+// Debug after. Called by the goroutine opening the stream.
+func (l *lane) connectionFailed(err error) {
+	s := l.s
+	level := slog.LevelDebug
+	if l.state.failed(err, s.opts.clock.Now()) {
+		level = slog.LevelWarn
+	}
+	s.opts.logger.Log(context.Background(), level, "etcdwatch: cannot open the watch stream; waiting for the connection", "err", err)
+}
+
+// await waits for the answer to p, which was asked of the lane, or ctx,
+// or the lane's end.
+func (l *lane) await(ctx context.Context, p *progressWaiter) progressResult {
+	select {
+	case r := <-p.reply:
+		return r
+	case <-ctx.Done():
+		return progressResult{err: l.s.State().Explain(context.Cause(ctx))}
+	case <-l.done:
+		return progressResult{err: ErrClosed}
+	}
+}
+
+// combine is the State of a Stream with lanes a and b: connected while
+// both are, changed when the later of them changed, and the later error.
+func combine(a, b State) State {
+	st := a
+	st.Connected = a.Connected && b.Connected
+	if b.Since.After(a.Since) {
+		st.Since = b.Since
+	}
+	if b.LastErrorAt.After(a.LastErrorAt) {
+		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
+	}
+	return st
+}
+
+// storeMax raises c to v if v is higher.
+func storeMax(c interface {
+	Load() int64
+	CompareAndSwap(old, new int64) bool
+}, v int64) {
+	for {
+		old := c.Load()
+		if v <= old || c.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+

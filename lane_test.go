@@ -1,0 +1,73 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+// isolated opens an isolated watch on h's Stream, which goes on a second
+// gRPC stream: the first isolated watch opens it, and the server side of
+// that stream is returned with the watch.
+func (h *harness) isolated(r etcdwatch.Request, rev int64, iso *ws.Stream) (*etcdwatch.Watch, *ws.Stream) {
+	h.t.Helper()
+	r.Isolated = true
+	res := h.watchAsync(context.Background(), r)
+	if iso == nil {
+		iso = h.server.Accept(h.t)
+	}
+	c := iso.RecvCreate(h.t)
+	iso.Send(h.t, ws.Created(c.WatchId, rev))
+	got := recvResult(h.t, res)
+	require.NoError(h.t, got.err)
+	return got.w, iso
+}
+
+// TestIsolatedWatchProgressIsNotHeldUp: isolated watches share a gRPC
+// stream of their own. A progress request for one of them goes on that
+// stream only, and is answered while the main stream's server stays
+// silent (as etcd does while a watch there catches up); the Stream-wide
+// RequestProgress asks both, and waits for the slower.
+func TestIsolatedWatchProgressIsNotHeldUp(t *testing.T) {
+	h := newHarness(t)
+	neighbour := h.watch(etcdwatch.Key("n").FromRevision(1), 3) // catching up: the main stream answers no progress
+	v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	w, _ := h.isolated(etcdwatch.Prefix("w/"), 5, iso)
+	require.Equal(t, int64(3), h.s.Stats().Watches, "the Stream counts the watches of both its gRPC streams")
+
+	got := make(chan progressResult, 1)
+	go func() {
+		rev, err := v.RequestProgress(context.Background())
+		got <- progressResult{rev, err}
+	}()
+	require.NotNil(t, iso.Recv(t).GetProgressRequest(), "asked on the isolated stream")
+	iso.Send(t, ws.Progress(-1, 9))
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(9), r.rev)
+	for _, x := range []*etcdwatch.Watch{v, w} {
+		b := next(t, x)
+		require.True(t, b.IsProgress())
+		require.Equal(t, int64(9), b.Revision, "every watch of the isolated stream gets the bookmark")
+	}
+	h.watch(etcdwatch.Key("x"), 9) // its create is the next request on the main stream: no progress request came before it
+
+	all := h.progressAsync()
+	require.NotNil(t, iso.Recv(t).GetProgressRequest())
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	iso.Send(t, ws.Progress(-1, 12))
+	select {
+	case r := <-all:
+		t.Fatalf("Stream.RequestProgress returned %v before the main stream answered", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 11))
+	r = recvProgress(t, all)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(11), r.rev, "every watch has queued its events up to the lower answer")
+	require.Equal(t, int64(11), next(t, neighbour).Revision)
+}
