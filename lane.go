@@ -100,4 +100,3 @@ func storeMax(c interface {
 		}
 	}
 }
-

@@ -18,8 +18,8 @@ type Watch struct {
 	// delivery, which the consumer and the goroutine delivering to it
 	// share under a mutex, and its entry, which only the dispatcher
 	// touches.
-	req    Request      // immutable
-	id     atomic.Int64 // the server's id; written by the dispatcher, read by anyone
+	req Request      // immutable
+	id  atomic.Int64 // the server's id; written by the dispatcher, read by anyone
 	// createdRev is the header revision of the first created response;
 	// written by the dispatcher before it tells the caller of Watch, which
 	// hands the Watch out only then, and never again.
