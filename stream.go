@@ -235,6 +235,9 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // run ahead of events, it returns ErrProgressUnsupported: the Stream asks
 // the server its release (Maintenance Status) when it opens.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
+	if err := context.Cause(ctx); err != nil {
+		return 0, err // ended already: ask the server nothing
+	}
 	floor := s.stats.revision.Load()
 	lanes := s.lanes()
 	ps := make([]*progressWaiter, len(lanes))

@@ -74,6 +74,9 @@ func (w *Watch) Revision() int64 { return w.out.delivered.Load() }
 // isolated watches, so that no other watch of the Stream can hold the
 // answer up. Calls on a lane share its requests.
 func (w *Watch) RequestProgress(ctx context.Context) (int64, error) {
+	if err := context.Cause(ctx); err != nil {
+		return 0, err // ended already: ask the server nothing
+	}
 	p := newProgressWaiter(ctx, w.lane.s.stats.revision.Load())
 	w.lane.command(progressCmd{p})
 	r := w.lane.await(ctx, p)

@@ -41,10 +41,13 @@ type core[T any] struct {
 	err    error          // why the state ended; written before done is closed
 	tasks  sync.WaitGroup // checkLoop and askProgress's requests; start waits for them
 
-	// Between the runner and its tasks.
-	repair chan struct{} // buffered 1: the integrity check asks the runner to list again
-	asking atomic.Bool   // a bookmark request is in flight
-	noAsk  atomic.Bool   // the server's progress answers are unsafe: never ask
+	// Between the runner, its tasks and the callers of Sync and
+	// WaitForRevision.
+	watch  atomic.Pointer[etcdwatch.Watch] // the runner's current watch, for progress requests; stored by the runner
+	moves  chan freshness                  // reads whose state the view has: the runner moves the view to their revision
+	repair chan struct{}                   // buffered 1: the integrity check asks the runner to list again
+	asking atomic.Bool                     // a bookmark request is in flight
+	noAsk  atomic.Bool                     // the server's progress answers are unsafe: never ask
 
 	// The Views of this state, each held by its done channel: closed by
 	// leave, or by finish for those still held. nil once the state has
@@ -65,7 +68,7 @@ func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o option
 	ctx, cancel := context.WithCancelCause(src.Context())
 	c := &core[T]{
 		src:    src,
-		req:    etcdwatch.Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true},
+		req:    etcdwatch.Request{Key: r.Key, End: r.End, ProgressNotify: true, Fragment: true, Isolated: true},
 		decode: decode,
 		opts:   o,
 		log:    src.Logger().With("view", r.String()),
@@ -75,6 +78,7 @@ func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o option
 		ready:  make(chan struct{}),
 		done:   make(chan struct{}),
 		repair: make(chan struct{}, 1),
+		moves:  make(chan freshness, 16),
 		holds:  make(map[chan struct{}]struct{}),
 	}
 	c.hist.init(int64(o.historyBytes))
@@ -181,8 +185,9 @@ func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int
 	}
 }
 
-// askProgress asks the Source for a bookmark in the background, one request
-// at a time, so that an idle range's revision keeps up with the store.
+// askProgress asks for a bookmark on the view's watch in the background,
+// one request at a time, so that an idle range's revision keeps up with
+// the store.
 func (c *core[T]) askProgress() {
 	if c.noAsk.Load() || !c.asking.CompareAndSwap(false, true) {
 		return
@@ -191,7 +196,7 @@ func (c *core[T]) askProgress() {
 		defer c.asking.Store(false)
 		ctx, cancel := context.WithTimeout(c.ctx, max(c.opts.bookmark, time.Second))
 		defer cancel()
-		if _, err := c.src.RequestProgress(ctx); errors.Is(err, etcdwatch.ErrProgressUnsupported) {
+		if _, err := c.progress(ctx); errors.Is(err, etcdwatch.ErrProgressUnsupported) {
 			c.noAsk.Store(true) // the server's own notifications will do
 		}
 	})

@@ -139,6 +139,7 @@ func (r *runner[T]) listAndWatch() error {
 		return err
 	}
 	r.ed, r.rev, r.bytes, r.w = d.ed, rev, d.bytes, w
+	r.watch.Store(w)
 	if first {
 		r.hist.floor, r.from = rev, rev
 		r.publish()
@@ -179,6 +180,10 @@ func (r *runner[T]) follow() error {
 				r.askProgress()
 			}
 			heard = false
+		case f := <-r.moves:
+			if r.move(f) {
+				flush()
+			}
 		case <-r.repair:
 			flush() // the listing compares with the published state
 			r.w.Cancel()
@@ -209,6 +214,17 @@ func (r *runner[T]) watchEnded() error {
 		return nil
 	}
 	return err
+}
+
+// move moves the view to the revision of the read f, if the view is
+// behind it and its state is the one f saw (see seen): nothing of the
+// range changed in between. It reports whether it moved.
+func (r *runner[T]) move(f freshness) bool {
+	if r.rev >= f.rev || int64(r.ed.Len()) != f.count || f.newest > r.rev {
+		return false
+	}
+	r.rev = f.rev
+	return true
 }
 
 // apply applies one response's events to the editor, skipping revisions

@@ -11,23 +11,19 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 )
 
-// Source is what a View uses of the Stream it runs on, and nothing more:
-// watches and progress requests, the connection for Range calls of its
-// own, a context that ends with the Stream, its logger,
-// retry policy, counters and state. *etcdwatch.Stream is a Source. So can
-// another wing be (a group of Streams, say), by giving these the meaning a
-// Stream gives them. A Source's methods must be safe for concurrent use.
+// Source is what a View uses of the Stream it runs on, and nothing more: a
+// watch, the connection for Range calls of its own, a context that ends
+// with the Stream, its logger, retry policy, counters and state.
+// *etcdwatch.Stream is a Source. So can another wing be (a group of
+// Streams, say), by giving these the meaning a Stream gives them. A
+// Source's methods must be safe for concurrent use.
 type Source interface {
 	// Watch opens a watch and returns once the server confirmed it; ctx
 	// bounds the watch's life. The view's watch asks for bookmarks and
-	// fragments and starts at the revision it listed.
+	// fragments, is isolated (its progress requests wait for no watch
+	// but the Source's other isolated ones: the view asks them with the
+	// Watch's RequestProgress), and starts at the revision it listed.
 	Watch(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watch, error)
-	// RequestProgress returns a revision R such that every watch has been
-	// sent all its events <= R, with R as a bookmark after them: Sync's
-	// answer, and an idle view's way to move on. A Source whose server's
-	// answers are unsafe returns an error wrapping
-	// etcdwatch.ErrProgressUnsupported.
-	RequestProgress(ctx context.Context) (int64, error)
 	// Conn is the connection for the view's Range and RangeStream calls,
 	// with the Source's own call options put on them.
 	Conn() grpc.ClientConnInterface

@@ -8,6 +8,20 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 )
 
+// This file is how a view learns how far the store has gone, for Sync and
+// WaitForRevision, and moves there.
+//
+// The view's watch is isolated (etcdwatch.Request.Isolated): it shares a
+// gRPC stream with the Stream's other isolated watches only, so a progress
+// request for it is answered once the view's own watch (and its fellow
+// views') has caught up, whatever the Stream's other watches do. The
+// answer R comes as a bookmark after every event <= R, which moves the
+// view to R. Where the server's progress answers are unsafe (etcd
+// 3.4.0-3.4.24, 3.5.0-3.5.7), or none comes within progressWait (etcd's
+// gRPC proxy drops the requests), one linearizable read of the range
+// stands in, and the runner is asked to move the view to the read's
+// revision once its state is the one the read saw.
+
 // await waits until cond holds for the published state, ctx ends or the
 // state ends.
 func (c *core[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) error {
@@ -31,40 +45,119 @@ func (c *core[T]) await(ctx context.Context, cond func(*Snapshot[T]) bool) error
 	}
 }
 
-// progressWait is how long Sync waits for a progress answer, or for the
-// view to reach it, before it reads the range instead. etcd answers a
-// progress request only once every watch on the stream is synced and none
-// waits for a future revision, which a resumed watch of a range nobody
-// writes can do until the next write anywhere; and an answer covers only
-// the watches active when it was given.
+// atLeast is await's condition of a state at rev or later.
+func atLeast[T any](rev int64) func(*Snapshot[T]) bool {
+	return func(s *Snapshot[T]) bool { return s.rev >= rev }
+}
+
+// progressWait is how long the view waits for a progress answer, or for
+// the view to reach it, before it reads the range instead.
 const progressWait = time.Second
 
+// waitCadence is how often WaitForRevision asks again while the store has
+// not reached the revision it waits for.
+const waitCadence = 100 * time.Millisecond
+
 func (c *core[T]) sync(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, progressWait)
-	defer cancel()
-	rev, err := c.src.RequestProgress(pctx)
-	if err == nil {
-		err = c.await(pctx, func(s *Snapshot[T]) bool { return s.rev >= rev })
+	rev, err := c.freshen(ctx)
+	if err != nil {
+		return err
 	}
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		return context.Cause(ctx)
-	case pctx.Err() != nil, errors.Is(err, etcdwatch.ErrProgressUnsupported), errors.Is(err, etcdwatch.ErrNoWatches):
-		return c.syncByRead(ctx)
+	return c.await(ctx, atLeast[T](rev))
+}
+
+// waitFor waits until the view has applied every change up to rev, asking
+// how far the store has gone, at waitCadence, until it has gone that far.
+func (c *core[T]) waitFor(ctx context.Context, rev int64) error {
+	for c.snap.Load().rev < rev {
+		at, err := c.freshen(ctx)
+		if err != nil {
+			return err
+		}
+		if at >= rev {
+			break
+		}
+		if err := c.pause(ctx, rev); err != nil {
+			return err
+		}
+	}
+	return c.await(ctx, atLeast[T](rev))
+}
+
+// pause waits waitCadence, or less if the view reaches rev meanwhile
+// (events and bookmarks still come); it returns an error only if ctx or
+// the state has ended.
+func (c *core[T]) pause(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithTimeout(ctx, waitCadence)
+	defer cancel()
+	err := c.await(wctx, atLeast[T](rev))
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return nil // the cadence passed
 	}
 	return err
 }
 
-// syncByRead is Sync without progress requests: one linearizable read of
-// the range's freshness, then a wait for a state that matches it.
-func (c *core[T]) syncByRead(ctx context.Context) error {
+// freshen returns a revision at least that of a linearizable read made
+// now, which the view will reach having applied every change of its range
+// up to it: by progress on the view's watch, or by a read.
+func (c *core[T]) freshen(ctx context.Context) (int64, error) {
+	if !c.noAsk.Load() {
+		pctx, cancel := context.WithTimeout(ctx, progressWait)
+		rev, err := c.progress(pctx)
+		cancel()
+		switch {
+		case err == nil:
+			return rev, nil
+		case ctx.Err() != nil:
+			return 0, context.Cause(ctx)
+		case errors.Is(err, etcdwatch.ErrProgressUnsupported):
+			c.noAsk.Store(true)
+		case pctx.Err() == nil:
+			return 0, err
+		}
+	}
+	return c.freshenByRead(ctx)
+}
+
+// progress asks for progress on the view's current watch; a watch that
+// ends meanwhile (a relist) is replaced by the next.
+func (c *core[T]) progress(ctx context.Context) (int64, error) {
+	for {
+		w := c.watch.Load()
+		rev, err := w.RequestProgress(ctx)
+		if err == nil || ctx.Err() != nil || c.watch.Load() == w {
+			return rev, err
+		}
+	}
+}
+
+// freshenByRead reads the range's freshness with one linearizable read,
+// waits for a state that matches it, and has the runner move the view to
+// the read's revision: nothing of the range changed in between.
+func (c *core[T]) freshenByRead(ctx context.Context) (int64, error) {
 	f, err := c.reads.fresh(ctx)
 	if err != nil {
-		return &readError{"reading the range for Sync", err}
+		return 0, &readError{"reading the range for Sync", err}
 	}
-	return c.await(ctx, func(s *Snapshot[T]) bool {
+	if err := c.await(ctx, seen[T](f)); err != nil {
+		return 0, err
+	}
+	select {
+	case c.moves <- f:
+	case <-ctx.Done():
+		return 0, context.Cause(ctx)
+	case <-c.done:
+		return 0, c.err
+	}
+	return f.rev, nil
+}
+
+// seen is await's condition of the state the read f saw: at f's revision
+// or later, or with as many keys, none changed after the state's revision.
+// Any change to the range after it would have left either a newer key or
+// another count.
+func seen[T any](f freshness) func(*Snapshot[T]) bool {
+	return func(s *Snapshot[T]) bool {
 		return s.rev >= f.rev || (int64(s.Len()) == f.count && f.newest <= s.rev)
-	})
+	}
 }

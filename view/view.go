@@ -175,29 +175,31 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 func (v *View[T]) Stats() Stats { return v.core.statsNow() }
 
 // WaitForRevision waits until the view has applied every change up to rev,
-// or ctx ends, or the view ends. The revision of a range nobody writes only
-// moves with bookmarks (see WithBookmarkInterval); Sync asks for one.
+// or ctx ends, or the view ends: a revision written anywhere in the store,
+// in the view's range or not. While the view is behind rev it asks how far
+// the store has gone, as Sync does, and moves there; while the store has
+// not reached rev it asks again every 100ms. Calls of all the views of a
+// Source share their requests.
 func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
-	return v.outcome(ctx, v.core.await(ctx, func(s *Snapshot[T]) bool { return s.rev >= rev }))
+	return v.outcome(ctx, v.core.waitFor(ctx, rev))
 }
 
 // Sync waits until the view is at least as fresh as a linearizable read of
 // its range made when Sync was called: every change made before the call
-// is then in the view.
+// is then in the view, and Revision is at least that read's revision.
 //
-// It asks the Source for progress (RequestProgress) and waits for the view
-// to reach the revision the server answered. Where progress requests are
-// unsafe (etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, see
-// etcdwatch.ErrProgressUnsupported), or go unanswered for a second (etcd
-// 3.5+ answers none while a watch on the stream catches up or waits for a
-// future revision), it makes one linearizable Range of the range instead,
-// sorted by revision and without values, and waits until the view holds as
-// many keys, none changed since: the state that read saw. The view's
-// Revision may then stay below the read's revision when nothing in the
-// range changed since. That Range makes the server read the whole range,
-// without sending it.
+// It asks for progress on the view's watch, which is isolated
+// (etcdwatch.Request.Isolated), so that no other watch of the Source can
+// hold the answer up, and waits for the view to reach the revision the
+// server answered. Where progress requests are unsafe (etcd 3.4.0-3.4.24
+// and 3.5.0-3.5.7, see etcdwatch.ErrProgressUnsupported), or go unanswered
+// for a second (etcd's gRPC proxy drops them), it makes one linearizable
+// Range of the range instead, sorted by revision and without values,
+// waits until the view holds as many keys, none changed since (the state
+// that read saw), and moves the view to the read's revision. That Range
+// makes the server read the whole range, without sending it.
 func (v *View[T]) Sync(ctx context.Context) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()

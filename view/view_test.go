@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -23,12 +24,26 @@ import (
 const wait = ws.Timeout
 
 // harness is a Stream on a scripted server, and the server's side of the
-// Stream's Watch stream.
+// gRPC stream of the Stream's isolated watches, which views use: the
+// first view's watch opens it (the Stream's main stream, which views do
+// not use, is main).
 type harness struct {
 	t      *testing.T
 	s      *etcdwatch.Stream
 	server *ws.Server
-	srv    *ws.Stream
+	main   *ws.Stream
+	srv    *ws.Stream       // nil until a view's watch opened it: see isolated
+	plain  *etcdwatch.Watch // from plainWatch
+}
+
+// isolated returns the server's side of the isolated watches' stream,
+// taking it when it first opens.
+func (h *harness) isolated() *ws.Stream {
+	h.t.Helper()
+	if h.srv == nil {
+		h.srv = h.server.Accept(h.t)
+	}
+	return h.srv
 }
 
 func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
@@ -42,7 +57,7 @@ func harnessOn(t *testing.T, server *ws.Server, opts ...etcdwatch.Option) *harne
 	s, err := etcdwatch.Open(server.Dial(t), opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
-	return &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	return &harness{t: t, s: s, server: server, main: server.Accept(t)}
 }
 
 // recv waits for the result of a call made in the background; call names
@@ -110,7 +125,7 @@ func openView[T any](h *harness, decode view.Decoder[T], opts ...view.Option) *v
 // revision, which the view listed at.
 func (vh *viewHarness[T]) confirm() {
 	vh.t.Helper()
-	c := vh.srv.RecvCreate(vh.t)
+	c := vh.isolated().RecvCreate(vh.t)
 	rev := vh.kv.Revision()
 	require.Equal(vh.t, rev, c.StartRevision, "watch from the listing's revision")
 	require.True(vh.t, c.ProgressNotify)
@@ -132,12 +147,13 @@ func (vh *viewHarness[T]) waitFor(rev int64) {
 	waitFor(vh.t, vh.v, rev)
 }
 
-// waitFor waits until v has applied every change up to rev.
+// waitFor waits until v has applied every change up to rev, which the
+// test has sent: it asks the server nothing (WaitForRevision would).
 func waitFor[T any](t *testing.T, v *view.View[T], rev int64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	require.NoError(t, v.WaitForRevision(ctx, rev))
+	require.NoError(t, view.AwaitRevision(ctx, v, rev))
 }
 
 func nextBatch[T any](t *testing.T, sub *view.Subscription[T]) view.Batch[T] {
@@ -469,7 +485,7 @@ func (h *harness) requestsBefore() []*pb.WatchRequest {
 	h.t.Helper()
 	done := make(chan error, 1)
 	go func() {
-		_, err := h.s.RequestProgress(context.Background())
+		_, err := h.plain.RequestProgress(context.Background())
 		done <- err
 	}()
 	var before []*pb.WatchRequest
@@ -481,23 +497,26 @@ func (h *harness) requestsBefore() []*pb.WatchRequest {
 	return before
 }
 
-// plainWatch opens a watch of key on the Stream, so that it answers
-// progress requests (requestsBefore) whatever its views do, and reads it
-// until it ends.
+// plainWatch opens an isolated watch of key on the Stream, beside its
+// views, so that their stream answers progress requests (requestsBefore)
+// whatever the views do, and reads it until it ends.
 func (h *harness) plainWatch(key string) {
 	h.t.Helper()
-	res := make(chan error, 1)
+	res := make(chan *etcdwatch.Watch, 1)
 	go func() { // returns when the watch ends, at the Stream's Close at the latest
-		w, err := h.s.Watch(context.Background(), etcdwatch.Key(key))
-		res <- err
+		r := etcdwatch.Key(key)
+		r.Isolated = true
+		w, err := h.s.Watch(context.Background(), r)
+		assert.NoError(h.t, err)
+		res <- w
 		if err == nil {
 			for range w.Responses() {
 			}
 		}
 	}()
-	c := h.srv.RecvCreate(h.t)
+	c := h.isolated().RecvCreate(h.t)
 	h.srv.Send(h.t, ws.Created(c.WatchId, h.server.KV().Revision()))
-	require.NoError(h.t, recv(h.t, res, "Watch"))
+	h.plain = recv(h.t, res, "Watch")
 }
 
 // TestShareFollowsTheSameWatch: a View from Share takes the state as it is,
@@ -666,7 +685,7 @@ func TestViewRetriesAWatchNotConfirmedInTime(t *testing.T) {
 	kv := h.server.KV()
 	putKeys(kv, 2)
 	res := newViewAsync(h, etcdwatch.Prefix("v/"), view.DecodeBytes)
-	late := h.srv.RecvCreate(t) // not answered in time: the call fails, the view lists again
+	late := h.isolated().RecvCreate(t) // not answered in time: the call fails, the view lists again
 	again := h.srv.RecvCreate(t)
 	h.srv.Send(t, ws.Created(late.WatchId, kv.Revision()))
 	require.Equal(t, late.WatchId, h.srv.RecvCancel(t), "the late watch is let go")
