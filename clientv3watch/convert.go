@@ -72,17 +72,13 @@ func specOf(key string, opts []clientv3.OpOption) watchSpec {
 	return sp
 }
 
-// createdResponse is the notification of WithCreatedNotify. For a watch
-// from the current revision its header revision is the server's, as with
-// clientv3; for one WithRev(r), r-1 (every event after it is still to
-// come). etcdwatch does not pass the created response's header on, so the
-// cluster, member and term are zero.
-func createdResponse(ew *etcdwatch.Watch, req etcdwatch.Request) clientv3.WatchResponse {
-	rev := ew.Revision() // nothing delivered yet: the created header's revision - 1, or r-1
-	if req.Revision == 0 {
-		rev++
-	}
-	return clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, Created: true}
+// createdResponse is the notification of WithCreatedNotify. Its header
+// revision is the store's when the server created the watch, whatever
+// revision the watch starts from, as clientv3's is: a program takes it as
+// its start point. etcdwatch does not pass the rest of the created
+// response's header on, so the cluster, member and term are zero.
+func createdResponse(ew *etcdwatch.Watch) clientv3.WatchResponse {
+	return clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: ew.CreatedRevision()}, Created: true}
 }
 
 // eventBox holds one event and its key-values in one allocation, so that a

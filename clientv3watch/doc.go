@@ -38,10 +38,11 @@
 //     returns a plain error with the gRPC status text.
 //   - A refusal ends only its own watch; clientv3 keeps the refusal as its
 //     stream's error and may send it to other watches on that stream.
-//   - The created notification's header carries the revision only: the
-//     server's for a watch from now, r-1 for a watch WithRev(r) (clientv3
-//     has the store revision there). Event and progress responses carry
-//     the server's whole header.
+//   - The created notification's header carries the revision only, the
+//     store's when the server created the watch (as clientv3's, whatever
+//     WithRev says); its cluster, member and term are zero, where clientv3
+//     has the server's. Event and progress responses carry the server's
+//     whole header.
 //   - Each watch has a goroutine of its own, as in clientv3, to turn
 //     etcdwatch responses into clientv3 ones; a program on etcdwatch's own
 //     API needs none.

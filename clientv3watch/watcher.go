@@ -90,7 +90,7 @@ func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 	}
 	out := make(chan clientv3.WatchResponse, 1)
 	if spec.createdNotify {
-		out <- createdResponse(ew, spec.req)
+		out <- createdResponse(ew)
 	}
 	go func() { // the watch's pump; exits when the watch ends, ctx ends or Close; Close waits for it
 		defer w.release(g)
