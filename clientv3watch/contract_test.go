@@ -14,7 +14,9 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch/clientv3watch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
@@ -203,6 +205,17 @@ func fence(t *testing.T, e *env, ch clientv3.WatchChan, atLeast int64) clientv3.
 	require.Empty(t, r.Events)
 	require.GreaterOrEqual(t, r.Header.Revision, atLeast)
 	return r
+}
+
+// requireGRPCError checks that err is gRPC's own status error with code,
+// as clientv3 passes on the error that ended its watch stream: not
+// wrapped, nor turned into another code.
+func requireGRPCError(t *testing.T, code codes.Code, err error) {
+	t.Helper()
+	require.Error(t, err)
+	require.Equal(t, code, status.Code(err), "%v", err)
+	_, bare := err.(interface{ GRPCStatus() *status.Status })
+	require.True(t, bare, "%T %v: not gRPC's status error", err, err)
 }
 
 func kvs(evs []*clientv3.Event) []string {
@@ -407,6 +420,21 @@ var contractCases = []contractCase{
 			require.Equal(t, txn.Header.Revision, ev.Kv.ModRevision)
 			require.Equal(t, big, string(ev.PrevKv.Value))
 		}
+	}},
+	{name: "connection closed: one canceled response, Err is gRPC's Canceled, then closed; a Watch after it the same", run: func(t *testing.T, e *env) {
+		cli := e.client(t, func(*clientv3.Config) {})
+		ch := cli.Watch(e.ctx, e.key("k"), clientv3.WithCreatedNotify())
+		require.True(t, next(t, ch).Created)
+		require.NoError(t, cli.ActiveConnection().Close())
+		for _, ch := range []clientv3.WatchChan{ch, cli.Watch(e.ctx, e.key("k"))} {
+			r := next(t, ch)
+			require.True(t, r.Canceled, "%+v", r)
+			require.Empty(t, r.Events)
+			require.Empty(t, r.CancelReason)
+			requireGRPCError(t, codes.Canceled, r.Err())
+			closed(t, ch)
+		}
+		require.ErrorIs(t, cli.Close(), context.Canceled, "what Close says once the connection was closed under it")
 	}},
 	{name: "WithRev(-1): canceled, ErrCompacted", run: func(t *testing.T, e *env) {
 		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithRev(-1), clientv3.WithCreatedNotify())

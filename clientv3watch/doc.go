@@ -13,9 +13,11 @@
 // and responses are filled as clientv3 fills them, so that Err,
 // IsProgressNotify, IsCreate and IsModify answer alike: a compacted watch
 // gets a response with CompactRevision and ErrCompacted, a refused one a
-// canceled response whose Err says why, and a watch under
-// clientv3.WithRequireLeader ends with ErrNoLeader when its member loses
-// its leader. Watches whose contexts carry different outgoing metadata go
+// canceled response whose Err says why, a watch whose stream ends for good
+// (its connection closed, say) a canceled response whose Err is the gRPC
+// error that ended it (codes.Canceled for a closed connection), and a
+// watch under clientv3.WithRequireLeader ends with ErrNoLeader when its
+// member loses its leader. Watches whose contexts carry different outgoing metadata go
 // on different streams, as with clientv3.
 //
 // # Where it differs from clientv3, on purpose
@@ -31,11 +33,14 @@
 //   - RequestProgress is repeated until the server answers (etcd 3.6 and
 //     later ignore a request while a watch on the stream catches up, and
 //     clientv3's is then lost), and at most one is outstanding per stream.
-//   - A create refused by the server, or a watch its stream ends for good,
-//     gets a final response with CancelReason set (clientv3 sets an
-//     unexported error instead), and Err returns the etcd error for it:
-//     errors.Is(err, rpctypes.ErrPermissionDenied) holds, where clientv3
-//     returns a plain error with the gRPC status text.
+//   - A create refused by the server gets a final response with
+//     CancelReason set (clientv3 sets an unexported error instead), and Err
+//     returns the etcd error for it: errors.Is(err,
+//     rpctypes.ErrPermissionDenied) holds, where clientv3 returns a plain
+//     error with the gRPC status text.
+//   - A watch that loses its leader under WithRequireLeader gets a final
+//     response with CancelReason "etcdserver: no leader"; clientv3's has
+//     none. Err is ErrNoLeader with both.
 //   - A refusal ends only its own watch; clientv3 keeps the refusal as its
 //     stream's error and may send it to other watches on that stream.
 //   - The created notification's header carries the revision only, the
