@@ -421,6 +421,38 @@ var contractCases = []contractCase{
 			require.Equal(t, big, string(ev.PrevKv.Value))
 		}
 	}},
+	{name: "receive limit (Config.MaxCallRecvMsgSize): a larger response ends the watch with ResourceExhausted, no events", run: func(t *testing.T, e *env) {
+		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
+		big := strings.Repeat("v", 400<<10)
+		write := func(v string) {
+			t.Helper()
+			_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), v), clientv3.OpPut(e.key("b"), v)).Commit()
+			require.NoError(t, err)
+		}
+		write(big)
+		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		write("small") // ~0.8 MiB of previous values: under the limit
+		require.Len(t, events(t, ch, 2), 2)
+		write(big) // ~0.8 MiB of values and ~0 of previous ones: under
+		events(t, ch, 2)
+		write(big + "2") // ~1.6 MiB with the previous values: over
+		r := next(t, ch)
+		require.True(t, r.Canceled, "%d events, revision %d", len(r.Events), r.Header.GetRevision())
+		require.Empty(t, r.Events)
+		require.Zero(t, r.CompactRevision)
+		requireGRPCError(t, codes.ResourceExhausted, r.Err())
+		closed(t, ch)
+	}},
+	{name: "receive limit with WithFragment: a revision above it arrives whole, in fragments under it", run: func(t *testing.T, e *env) {
+		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
+		big := strings.Repeat("v", 400<<10)
+		_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), big), clientv3.OpPut(e.key("b"), big)).Commit()
+		require.NoError(t, err)
+		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithFragment())
+		_, err = cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), big+"2"), clientv3.OpPut(e.key("b"), big+"2")).Commit()
+		require.NoError(t, err)
+		require.Len(t, events(t, ch, 2), 2)
+	}},
 	{name: "connection closed: one canceled response, Err is gRPC's Canceled, then closed; a Watch after it the same", run: func(t *testing.T, e *env) {
 		cli := e.client(t, func(*clientv3.Config) {})
 		ch := cli.Watch(e.ctx, e.key("k"), clientv3.WithCreatedNotify())

@@ -17,8 +17,15 @@
 // (its connection closed, say) a canceled response whose Err is the gRPC
 // error that ended it (codes.Canceled for a closed connection), and a
 // watch under clientv3.WithRequireLeader ends with ErrNoLeader when its
-// member loses its leader. Watches whose contexts carry different outgoing metadata go
-// on different streams, as with clientv3.
+// member loses its leader. Watches whose contexts carry different outgoing
+// metadata go on different streams, as with clientv3.
+//
+// The client's receive limit (clientv3.Config.MaxCallRecvMsgSize) is a
+// promise about memory, kept as clientv3 keeps it: a response above it, in
+// a watch without WithFragment, ends the watches of its stream with a
+// canceled response whose Err has gRPC's code ResourceExhausted, and none
+// of its events. NewFromConn, which has no client, takes the limit as a
+// Stream option, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(n)).
 //
 // # Where it differs from clientv3, on purpose
 //
