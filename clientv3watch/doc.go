@@ -7,6 +7,17 @@
 // after which every cli.Watch, cli.RequestProgress and cli.Close goes
 // through etcdwatch, on cli's own connection, with its TLS and auth token.
 //
+// Set the client's keepalive. clientv3 dials without gRPC keepalive unless
+// clientv3.Config sets DialKeepAliveTime, and a connection that silently
+// stops carrying packets (a NAT or firewall forgetting the flow) then stays
+// up for gRPC. The Stream's liveness probe (etcdwatch.WithLiveness, 30s
+// idle and 10s timeout by default) notices the silence and replaces its
+// Watch stream, but the new one opens on the same dead connection: the
+// watches hear nothing more, as with clientv3's own Watcher, until gRPC
+// keepalive closes the connection. Set DialKeepAliveTime and
+// DialKeepAliveTimeout (10s and 5s, say: gRPC takes no less than 10s), or
+// use NewFromConn with a connection from dial.New, which has keepalive on.
+//
 // Every watch option means what it means in clientv3 (WithPrefix,
 // WithFromKey, WithRange, WithRev, WithPrevKV, WithFilterPut,
 // WithFilterDelete, WithProgressNotify, WithFragment, WithCreatedNotify),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -113,6 +114,33 @@ func TestDropIn(t *testing.T) {
 		wider := clientv3watch.New(cli, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))
 		defer wider.Close()
 		require.Len(t, events(t, bigRevision(t, ctx, cli, wider, "limit/wider/"), 2), 2)
+	})
+
+	t.Run("a blackholed connection is replaced by the client's keepalive, and the watch goes on", func(t *testing.T) {
+		proxy := etcdwatchtest.NewProxy(t, srv.Endpoint)
+		// gRPC raises the ping time to its minimum, 10s.
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.Addr()}, DialTimeout: wait, DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, cli.Close()) }()
+		cli.Watcher = clientv3watch.New(cli)
+		writer := client(t, endpoints, "", "")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ch := cli.Watch(ctx, "blackhole/k")
+		_, err = writer.Put(ctx, "blackhole/k", "1")
+		require.NoError(t, err)
+		events(t, ch, 1)
+		require.Equal(t, 1, proxy.Blackhole())
+		_, err = writer.Put(ctx, "blackhole/k", "2")
+		require.NoError(t, err)
+		select {
+		case r := <-ch:
+			require.NoError(t, r.Err())
+			require.Equal(t, "2", string(r.Events[0].Kv.Value))
+		case <-ctx.Done():
+			t.Fatal("no event after the connection was blackholed")
+		}
+		require.GreaterOrEqual(t, proxy.Accepted(), 2, "a new connection")
 	})
 
 	t.Run("a consumer that stops reading is paused and resumed: nothing lost", func(t *testing.T) {

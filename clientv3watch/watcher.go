@@ -20,7 +20,8 @@ import (
 //	cli.Watcher = clientv3watch.New(cli)
 //
 // and every cli.Watch and cli.RequestProgress runs on it; cli.Close closes
-// it. opts configure each etcdwatch.Stream it opens (buffer limits, stall
+// it. Set c's DialKeepAliveTime: without gRPC keepalive a dead connection
+// is never closed (see the package doc). opts configure each etcdwatch.Stream it opens (buffer limits, stall
 // budget, logger, ...). WithRequireLeader is not needed: a watch whose
 // context carries clientv3.WithRequireLeader goes on a stream that requires
 // a leader, as with clientv3. Options are checked when the first stream

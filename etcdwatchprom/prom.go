@@ -41,6 +41,12 @@
 // Alerts worth having: rate(etcdwatch_reconnects_total[5m]) above the
 // usual, etcdwatch_connected == 0 for longer than an outage you tolerate,
 // and rate(etcdwatch_pauses_total[5m]) > 0, a consumer that cannot keep up.
+// On a connection without gRPC keepalive (a clientv3 Client's, unless its
+// Config sets DialKeepAliveTime) a dead connection does not hold
+// etcdwatch_connected at 0: the liveness probe opens new streams on it, so
+// it shows as reconnects climbing and etcdwatch_last_message_timestamp_seconds
+// standing still (a healthy stream hears from the server at least once in
+// two liveness idle periods, 60s by default). Keepalive is the cure.
 //
 // The metrics of a view, all prefixed etcdwatch_view_, from view.Stats:
 //
