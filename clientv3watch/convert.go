@@ -10,6 +10,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -72,17 +74,13 @@ func specOf(key string, opts []clientv3.OpOption) watchSpec {
 	return sp
 }
 
-// createdResponse is the notification of WithCreatedNotify. For a watch
-// from the current revision its header revision is the server's, as with
-// clientv3; for one WithRev(r), r-1 (every event after it is still to
-// come). etcdwatch does not pass the created response's header on, so the
-// cluster, member and term are zero.
-func createdResponse(ew *etcdwatch.Watch, req etcdwatch.Request) clientv3.WatchResponse {
-	rev := ew.Revision() // nothing delivered yet: the created header's revision - 1, or r-1
-	if req.Revision == 0 {
-		rev++
-	}
-	return clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: rev}, Created: true}
+// createdResponse is the notification of WithCreatedNotify. Its header
+// revision is the store's when the server created the watch, whatever
+// revision the watch starts from, as clientv3's is: a program takes it as
+// its start point. etcdwatch does not pass the rest of the created
+// response's header on, so the cluster, member and term are zero.
+func createdResponse(ew *etcdwatch.Watch) clientv3.WatchResponse {
+	return clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: ew.CreatedRevision()}, Created: true}
 }
 
 // eventBox holds one event and its key-values in one allocation, so that a
@@ -154,12 +152,56 @@ func final(err error, last *etcdwatch.Header) (clientv3.WatchResponse, bool) {
 		return clientv3.WatchResponse{Header: h, CompactRevision: ce.CompactRevision, Canceled: true}, true
 	case errors.As(err, &se):
 		return canceled(reasonOr(se.Reason, se.Error())), true
-	default: // the stream failed for good: a closed connection, a refused permission on resume
+	default: // the stream failed for good: a closed connection, a response over the receive limit, a refused permission
+		var ge grpcError
+		if errors.As(err, &ge) && halts(ge) {
+			return streamEnded(ge), true
+		}
 		if s, ok := status.FromError(err); ok {
 			return canceled(reasonOr(s.Message(), err.Error())), true
 		}
 		return canceled(err.Error()), true
 	}
+}
+
+// grpcError is gRPC's status error, which etcdwatch wraps in the error that
+// ends the watches of a stream that failed for good.
+type grpcError interface {
+	error
+	GRPCStatus() *status.Status
+}
+
+// halts reports whether clientv3 ends its watch stream for err, rather
+// than opening another: any code but Unavailable and Internal (its
+// isHaltErr). etcdwatch retries those two, and ends a stream for good on
+// others only, but a connection closed under it may end it with any code.
+func halts(err grpcError) bool {
+	switch err.GRPCStatus().Code() {
+	case codes.OK, codes.Unavailable, codes.Internal:
+		return false
+	}
+	return true
+}
+
+// streamEnded is the final response clientv3 sends on each watch of a
+// stream it ended for the gRPC error err: Canceled, an empty header, no
+// reason, and Err() returning err as rpctypes.Error gives it (gRPC's own
+// status error, or the etcd error its text names). Err() reads that error
+// from a field only clientv3 can set, so clientv3 makes the response: a
+// clientv3 Watcher whose Watch RPC fails with err answers its one Watch
+// with it at once, and ends. err must halt (see halts); clientv3 would
+// retry the others for ever.
+func streamEnded(err grpcError) clientv3.WatchResponse {
+	w := clientv3.NewWatchFromWatchClient(failedWatch{err}, nil)
+	defer w.Close() // its stream's goroutine has ended, or is ending, by the time Watch returns
+	return <-w.Watch(context.Background(), "")
+}
+
+// failedWatch is a WatchClient whose RPC fails with err.
+type failedWatch struct{ err error }
+
+func (f failedWatch) Watch(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[pb.WatchRequest, pb.WatchResponse], error) {
+	return nil, f.err
 }
 
 // reasonOr is the server's reason without the gRPC status text etcd 3.7

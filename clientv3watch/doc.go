@@ -7,16 +7,36 @@
 // after which every cli.Watch, cli.RequestProgress and cli.Close goes
 // through etcdwatch, on cli's own connection, with its TLS and auth token.
 //
+// Set the client's keepalive. clientv3 dials without gRPC keepalive unless
+// clientv3.Config sets DialKeepAliveTime, and a connection that silently
+// stops carrying packets (a NAT or firewall forgetting the flow) then stays
+// up for gRPC. The Stream's liveness probe (etcdwatch.WithLiveness, 30s
+// idle and 10s timeout by default) notices the silence and replaces its
+// Watch stream, but the new one opens on the same dead connection: the
+// watches hear nothing more, as with clientv3's own Watcher, until gRPC
+// keepalive closes the connection. Set DialKeepAliveTime and
+// DialKeepAliveTimeout (10s and 5s, say: gRPC takes no less than 10s), or
+// use NewFromConn with a connection from dial.New, which has keepalive on.
+//
 // Every watch option means what it means in clientv3 (WithPrefix,
 // WithFromKey, WithRange, WithRev, WithPrevKV, WithFilterPut,
 // WithFilterDelete, WithProgressNotify, WithFragment, WithCreatedNotify),
 // and responses are filled as clientv3 fills them, so that Err,
 // IsProgressNotify, IsCreate and IsModify answer alike: a compacted watch
 // gets a response with CompactRevision and ErrCompacted, a refused one a
-// canceled response whose Err says why, and a watch under
-// clientv3.WithRequireLeader ends with ErrNoLeader when its member loses
-// its leader. Watches whose contexts carry different outgoing metadata go
-// on different streams, as with clientv3.
+// canceled response whose Err says why, a watch whose stream ends for good
+// (its connection closed, say) a canceled response whose Err is the gRPC
+// error that ended it (codes.Canceled for a closed connection), and a
+// watch under clientv3.WithRequireLeader ends with ErrNoLeader when its
+// member loses its leader. Watches whose contexts carry different outgoing
+// metadata go on different streams, as with clientv3.
+//
+// The client's receive limit (clientv3.Config.MaxCallRecvMsgSize) is a
+// promise about memory, kept as clientv3 keeps it: a response above it, in
+// a watch without WithFragment, ends the watches of its stream with a
+// canceled response whose Err has gRPC's code ResourceExhausted, and none
+// of its events. NewFromConn, which has no client, takes the limit as a
+// Stream option, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(n)).
 //
 // # Where it differs from clientv3, on purpose
 //
@@ -31,17 +51,21 @@
 //   - RequestProgress is repeated until the server answers (etcd 3.6 and
 //     later ignore a request while a watch on the stream catches up, and
 //     clientv3's is then lost), and at most one is outstanding per stream.
-//   - A create refused by the server, or a watch its stream ends for good,
-//     gets a final response with CancelReason set (clientv3 sets an
-//     unexported error instead), and Err returns the etcd error for it:
-//     errors.Is(err, rpctypes.ErrPermissionDenied) holds, where clientv3
-//     returns a plain error with the gRPC status text.
+//   - A create refused by the server gets a final response with
+//     CancelReason set (clientv3 sets an unexported error instead), and Err
+//     returns the etcd error for it: errors.Is(err,
+//     rpctypes.ErrPermissionDenied) holds, where clientv3 returns a plain
+//     error with the gRPC status text.
+//   - A watch that loses its leader under WithRequireLeader gets a final
+//     response with CancelReason "etcdserver: no leader"; clientv3's has
+//     none. Err is ErrNoLeader with both.
 //   - A refusal ends only its own watch; clientv3 keeps the refusal as its
 //     stream's error and may send it to other watches on that stream.
-//   - The created notification's header carries the revision only: the
-//     server's for a watch from now, r-1 for a watch WithRev(r) (clientv3
-//     has the store revision there). Event and progress responses carry
-//     the server's whole header.
+//   - The created notification's header carries the revision only, the
+//     store's when the server created the watch (as clientv3's, whatever
+//     WithRev says); its cluster, member and term are zero, where clientv3
+//     has the server's. Event and progress responses carry the server's
+//     whole header.
 //   - Each watch has a goroutine of its own, as in clientv3, to turn
 //     etcdwatch responses into clientv3 ones; a program on etcdwatch's own
 //     API needs none.

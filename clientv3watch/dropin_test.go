@@ -2,10 +2,14 @@ package clientv3watch_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -58,6 +62,85 @@ func TestDropIn(t *testing.T) {
 		require.True(t, r.Canceled)
 		require.ErrorContains(t, r.Err(), "WithBufferLimit")
 		closed(t, ch)
+	})
+
+	// bigRevision writes a revision whose events with their previous
+	// values take ~1.6 MiB, and returns the watch it makes on cli before.
+	bigRevision := func(t *testing.T, ctx context.Context, cli *clientv3.Client, w clientv3.Watcher, prefix string) clientv3.WatchChan {
+		t.Helper()
+		big := strings.Repeat("v", 400<<10)
+		write := func() {
+			_, err := cli.Txn(ctx).Then(clientv3.OpPut(prefix+"a", big), clientv3.OpPut(prefix+"b", big)).Commit()
+			require.NoError(t, err)
+		}
+		write()
+		ch := w.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithPrevKV())
+		write()
+		return ch
+	}
+	overLimit := func(t *testing.T, ch clientv3.WatchChan) {
+		t.Helper()
+		r := next(t, ch)
+		require.True(t, r.Canceled, "%d events", len(r.Events))
+		require.Empty(t, r.Events)
+		requireGRPCError(t, codes.ResourceExhausted, r.Err())
+		closed(t, ch)
+	}
+
+	t.Run("NewFromConn takes any size, or the limit of WithCallOptions", func(t *testing.T) {
+		cli := client(t, endpoints, "", "")
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		conn, err := srv.Dial()
+		require.NoError(t, err)
+		defer conn.Close()
+		unlimited := clientv3watch.NewFromConn(conn)
+		defer unlimited.Close()
+		require.Len(t, events(t, bigRevision(t, ctx, cli, unlimited, "limit/any/"), 2), 2)
+		limited := clientv3watch.NewFromConn(conn, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(3<<19)))
+		defer limited.Close()
+		overLimit(t, bigRevision(t, ctx, cli, limited, "limit/conn/"))
+	})
+
+	t.Run("New: a WithCallOptions limit replaces the client's", func(t *testing.T) {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: wait, MaxCallRecvMsgSize: 3 << 19})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, cli.Close()) }()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		own := clientv3watch.New(cli)
+		defer own.Close()
+		overLimit(t, bigRevision(t, ctx, cli, own, "limit/client/"))
+		wider := clientv3watch.New(cli, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))
+		defer wider.Close()
+		require.Len(t, events(t, bigRevision(t, ctx, cli, wider, "limit/wider/"), 2), 2)
+	})
+
+	t.Run("a blackholed connection is replaced by the client's keepalive, and the watch goes on", func(t *testing.T) {
+		proxy := etcdwatchtest.NewProxy(t, srv.Endpoint)
+		// gRPC raises the ping time to its minimum, 10s.
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{proxy.Addr()}, DialTimeout: wait, DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, cli.Close()) }()
+		cli.Watcher = clientv3watch.New(cli)
+		writer := client(t, endpoints, "", "")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		ch := cli.Watch(ctx, "blackhole/k")
+		_, err = writer.Put(ctx, "blackhole/k", "1")
+		require.NoError(t, err)
+		events(t, ch, 1)
+		require.Equal(t, 1, proxy.Blackhole())
+		_, err = writer.Put(ctx, "blackhole/k", "2")
+		require.NoError(t, err)
+		select {
+		case r := <-ch:
+			require.NoError(t, r.Err())
+			require.Equal(t, "2", string(r.Events[0].Kv.Value))
+		case <-ctx.Done():
+			t.Fatal("no event after the connection was blackholed")
+		}
+		require.GreaterOrEqual(t, proxy.Accepted(), 2, "a new connection")
 	})
 
 	t.Run("a consumer that stops reading is paused and resumed: nothing lost", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
@@ -19,19 +20,32 @@ import (
 //	cli.Watcher = clientv3watch.New(cli)
 //
 // and every cli.Watch and cli.RequestProgress runs on it; cli.Close closes
-// it. opts configure each etcdwatch.Stream it opens (buffer limits, stall
+// it. Set c's DialKeepAliveTime: without gRPC keepalive a dead connection
+// is never closed (see the package doc). opts configure each etcdwatch.Stream it opens (buffer limits, stall
 // budget, logger, ...). WithRequireLeader is not needed: a watch whose
 // context carries clientv3.WithRequireLeader goes on a stream that requires
 // a leader, as with clientv3. Options are checked when the first stream
 // opens: invalid ones make every watch end at once with a canceled response
 // whose CancelReason says why, and RequestProgress return the error.
+//
+// c's receive limit (clientv3.Config.MaxCallRecvMsgSize, math.MaxInt32 if
+// 0) is kept as clientv3 keeps it: a response above it, in a watch without
+// WithFragment, ends the watches of its stream with a canceled response
+// whose Err has gRPC's code ResourceExhausted, and none of its events. An
+// etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(n)) in opts replaces it.
 func New(c *clientv3.Client, opts ...etcdwatch.Option) clientv3.Watcher {
+	if limit := recvLimit(c); limit != nil {
+		opts = append([]etcdwatch.Option{etcdwatch.WithCallOptions(limit)}, opts...)
+	}
 	return NewFromConn(c.ActiveConnection(), opts...)
 }
 
 // NewFromConn is New for a connection that is not a clientv3.Client's, for
 // example one from dial.New (package github.com/etcdwatch/etcdwatch/dial);
-// conn stays the caller's to close, after the Watcher.
+// conn stays the caller's to close, after the Watcher. There is no client
+// whose receive limit to keep: responses of any size are taken, unless opts
+// set one with etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(n)), which
+// a response above it then ends as New describes.
 func NewFromConn(conn grpc.ClientConnInterface, opts ...etcdwatch.Option) clientv3.Watcher {
 	return &watcher{
 		conn:   conn,
@@ -40,6 +54,37 @@ func NewFromConn(conn grpc.ClientConnInterface, opts ...etcdwatch.Option) client
 		groups: map[*group]struct{}{},
 		closed: make(chan struct{}),
 	}
+}
+
+// recvLimit returns the receive limit c puts on its calls, nil if none. A
+// Client keeps its Config to itself, but hands its call options to the
+// KVClient of clientv3.NewKVFromKVClient with every call: one Get on a
+// KVClient that keeps them and fails reads them, without a word on the
+// network.
+func recvLimit(c *clientv3.Client) grpc.CallOption {
+	var rec callRecorder
+	_, _ = clientv3.NewKVFromKVClient(&rec, c).Get(context.Background(), "")
+	var limit grpc.CallOption
+	for _, o := range rec.opts {
+		if _, ok := o.(grpc.MaxRecvMsgSizeCallOption); ok {
+			limit = o // the last wins, in gRPC as here
+		}
+	}
+	return limit
+}
+
+// callRecorder is a KVClient whose Range keeps its call options and fails;
+// nothing calls its other methods.
+type callRecorder struct {
+	pb.KVClient
+	opts []grpc.CallOption
+}
+
+var errRecorded = errors.New("clientv3watch: call options recorded")
+
+func (r *callRecorder) Range(_ context.Context, _ *pb.RangeRequest, opts ...grpc.CallOption) (*pb.RangeResponse, error) {
+	r.opts = append(r.opts, opts...)
+	return nil, errRecorded
 }
 
 // watcher implements clientv3.Watcher with one etcdwatch.Stream per
@@ -90,7 +135,7 @@ func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 	}
 	out := make(chan clientv3.WatchResponse, 1)
 	if spec.createdNotify {
-		out <- createdResponse(ew, spec.req)
+		out <- createdResponse(ew)
 	}
 	go func() { // the watch's pump; exits when the watch ends, ctx ends or Close; Close waits for it
 		defer w.release(g)

@@ -1,16 +1,19 @@
 // Package etcdwatchprom exports the counters and state of etcdwatch Streams
-// as Prometheus metrics.
+// and of their views (package view) as Prometheus metrics.
 //
-// A Collector reads Stream.Stats and Stream.State when it is scraped: it
-// runs no goroutine and keeps no copy, so a scrape always shows the values
-// of that moment. Each Collector carries a constant label, stream, naming
-// its Stream, so that several Streams of one program can be registered
-// together:
+// A Collector reads Stream.Stats and Stream.State when it is scraped, and a
+// ViewCollector a view's Stats: they run no goroutine and keep no copy, so
+// a scrape always shows the values of that moment. Each Collector carries a
+// constant label, stream, naming its Stream, and each ViewCollector two,
+// view naming the view and range its range, so that the Streams and views
+// of one program can be registered together:
 //
 //	reg.MustRegister(etcdwatchprom.New("config", configStream))
 //	reg.MustRegister(etcdwatchprom.New("leases", leaseStream))
+//	reg.MustRegister(etcdwatchprom.NewView("flags", etcdwatch.Prefix("flags/"), flagsView))
 //
-// The metrics, all prefixed etcdwatch_, and the fields they come from:
+// The metrics of a Stream, all prefixed etcdwatch_, and the fields they come
+// from:
 //
 //	etcdwatch_watches                         gauge    Stats.Watches: watches running now (creating, active or paused)
 //	etcdwatch_paused_watches                  gauge    Stats.Paused: watches paused now because their consumer fell behind
@@ -38,9 +41,33 @@
 // Alerts worth having: rate(etcdwatch_reconnects_total[5m]) above the
 // usual, etcdwatch_connected == 0 for longer than an outage you tolerate,
 // and rate(etcdwatch_pauses_total[5m]) > 0, a consumer that cannot keep up.
+// On a connection without gRPC keepalive (a clientv3 Client's, unless its
+// Config sets DialKeepAliveTime) a dead connection does not hold
+// etcdwatch_connected at 0: the liveness probe opens new streams on it, so
+// it shows as reconnects climbing and etcdwatch_last_message_timestamp_seconds
+// standing still (a healthy stream hears from the server at least once in
+// two liveness idle periods, 60s by default). Keepalive is the cure.
 //
-// Statistics of views (keys, bytes, relists) are not exported yet: etcdwatch
-// has no views. When it does, they belong here, with the same stream label.
+// The metrics of a view, all prefixed etcdwatch_view_, from view.Stats:
+//
+//	etcdwatch_view_keys                        gauge    Keys: keys in the view
+//	etcdwatch_view_bytes                       gauge    Bytes: bytes of those keys and values as stored
+//	etcdwatch_view_revision                    gauge    Revision: every change of the range up to it is applied
+//	etcdwatch_view_lag_revisions               gauge    Lag: the highest revision the Stream has seen minus Revision
+//	etcdwatch_view_relists_total               counter  Relists: listings after the first (compactions, gaps, repairs)
+//	etcdwatch_view_resyncs_total               counter  Resyncs: whole states given to subscribers that fell behind
+//	etcdwatch_view_decode_errors_total         counter  DecodeErrors: values the decode function refused
+//	etcdwatch_view_integrity_checks_total      counter  IntegrityChecks: comparisons with the server completed
+//	etcdwatch_view_integrity_mismatches_total  counter  IntegrityMismatches: comparisons that found the view wrong
+//	etcdwatch_view_subscribers                 gauge    Subscribers: open subscriptions
+//	etcdwatch_view_history_bytes               gauge    HistoryBytes: bytes of changes kept for subscribers
+//
+// A program has few views, so the range label's values are few. A range
+// nobody writes lags until its next bookmark (view.WithBookmarkInterval),
+// so alert on etcdwatch_view_lag_revisions staying high rather than on
+// its value at one scrape; rate(etcdwatch_view_relists_total[1h]) above
+// the usual and any increase of etcdwatch_view_integrity_mismatches_total
+// or etcdwatch_view_decode_errors_total are worth a look.
 package etcdwatchprom
 
 import (
