@@ -156,7 +156,7 @@ func TestViewValuesMove(t *testing.T) {
 	// A subscriber that reads nothing falls behind the history's 400
 	// bytes (30 changes of 19 bytes and more): it counts as a subscriber,
 	// and gets a Resync.
-	slow := v.Subscribe(v.Revision() + 1)
+	slow := v.Subscribe(context.Background(), v.Revision())
 	defer slow.Close()
 	require.Equal(t, 1.0, value("etcdwatch_view_subscribers"))
 	for range 30 { // each revision applied before the next: a batch each
@@ -172,7 +172,7 @@ func TestViewValuesMove(t *testing.T) {
 	require.Equal(t, 1.0, value("etcdwatch_view_resyncs_total"))
 
 	// A compaction while the view's watch is cut off: it lists again.
-	follow := v.Subscribe(rev + 1)
+	follow := v.Subscribe(context.Background(), rev)
 	defer follow.Close()
 	proxy.Refuse(true)
 	require.Equal(t, 1, proxy.Cut())

@@ -72,7 +72,7 @@ func Example_view() {
 
 	// A subscription may start from a revision the view has passed: its
 	// history still holds the changes since.
-	sub := v.Subscribe(seen + 1)
+	sub := v.Subscribe(context.Background(), seen)
 	defer sub.Close()
 	b, err := sub.Next(ctx)
 	if err != nil {

@@ -30,7 +30,12 @@ func (k ChangeKind) String() string {
 type Change[T any] struct {
 	Kind     ChangeKind
 	Key      string
-	Revision int64     // of the change; for a relist, the revision listed
+	// Revision is the revision of the change: for a key created or
+	// updated, its ModRevision, in every kind of batch; for a delete in an
+	// Events batch, the deletion's. For a delete in a Relisted batch it is
+	// the batch's Revision: etcd keeps no record of when a deleted key
+	// went, only that it went after From and by then.
+	Revision int64
 	Entry    *Entry[T] // the key after the change; nil when Deleted
 	Prev     *Entry[T] // the key before it; nil when Created
 }

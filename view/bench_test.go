@@ -49,7 +49,7 @@ func BenchmarkViewApply(b *testing.B) {
 			srv.Send(b, ws.Created(c.WatchId, 1))
 			v := <-res
 			b.Cleanup(func() { v.Close() })
-			sub := v.Subscribe(2)
+			sub := v.Subscribe(context.Background(), 1)
 			evs := make([]*mvccpb.Event, per)
 			for i := range evs {
 				evs[i] = &mvccpb.Event{Kv: &mvccpb.KeyValue{Value: fmt.Appendf(nil, "value-%025d", i), CreateRevision: 2, Version: 1}}

@@ -58,7 +58,7 @@ type core[T any] struct {
 
 // counters are added to by the state's goroutines and read by Stats.
 type counters struct {
-	relists, resyncs, decodeErrors atomic.Uint64
+	relists, decodeErrors atomic.Uint64
 	checks, mismatches             atomic.Uint64
 }
 
@@ -147,24 +147,22 @@ func (c *core[T]) failed() error {
 	return c.err
 }
 
-// statsNow is Stats of the state now.
+// statsNow is Stats of the state now, without what is a View's own.
 func (c *core[T]) statsNow() Stats {
 	s := c.snap.Load()
 	if s == nil {
 		s = &Snapshot[T]{}
 	}
-	subs, held := c.hist.size()
+	held := c.hist.size()
 	return Stats{
 		Keys:                s.Len(),
 		Bytes:               s.bytes,
 		Revision:            s.rev,
 		Lag:                 max(c.src.Stats().Revision-s.rev, 0),
 		Relists:             c.stats.relists.Load(),
-		Resyncs:             c.stats.resyncs.Load(),
 		DecodeErrors:        c.stats.decodeErrors.Load(),
 		IntegrityChecks:     c.stats.checks.Load(),
 		IntegrityMismatches: c.stats.mismatches.Load(),
-		Subscribers:         subs,
 		HistoryBytes:        held,
 	}
 }

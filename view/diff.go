@@ -84,6 +84,11 @@ func (d *differ[T]) note(ch Change[T]) {
 func (d *differ[T]) finish(rev int64) {
 	d.walk.finish()
 	for i := range d.changes {
-		d.changes[i].Revision = rev
+		ch := &d.changes[i]
+		if ch.Entry != nil {
+			ch.Revision = ch.Entry.ModRevision // the key's own: exact
+		} else {
+			ch.Revision = rev // a delete's: not known, only that it was by then
+		}
 	}
 }

@@ -58,7 +58,11 @@ func TestDiffer(t *testing.T) {
 			var got []string
 			for _, ch := range d.changes {
 				got = append(got, ch.Kind.String()+" "+ch.Key)
-				require.EqualValues(t, 20, ch.Revision)
+				if ch.Kind == Deleted {
+					require.EqualValues(t, 20, ch.Revision, "a delete's revision is not known: the listing's")
+				} else {
+					require.Equal(t, ch.Entry.ModRevision, ch.Revision, "a put's revision is its key's")
+				}
 			}
 			require.Equal(t, tc.want, got)
 			var keys []string

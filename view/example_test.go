@@ -41,16 +41,11 @@ func ExampleNew() {
 		fmt.Printf("%s: %+v (revision %d)\n", k, e.Value, e.ModRevision)
 	}
 
-	sub := v.Subscribe(snap.Revision() + 1)
+	// The subscription starts from the snapshot's revision: every change
+	// after it, in order, whole revisions at a time.
+	sub := v.Subscribe(ctx, snap.Revision())
 	defer sub.Close()
-	for {
-		b, err := sub.Next(ctx)
-		if errors.Is(err, view.ErrClosed) || errors.Is(err, etcdwatch.ErrClosed) {
-			return
-		}
-		if err != nil {
-			log.Fatal(err) // ctx's end, or the server's refusal of the view (v.Err)
-		}
+	for b := range sub.Batches() {
 		switch b.Kind {
 		case view.Resync:
 			// The whole state at b.Revision, every key Created: start over
@@ -69,6 +64,13 @@ func ExampleNew() {
 				fmt.Printf("deleted %s (was %+v)\n", ch.Key, ch.Prev.Value)
 			}
 		}
+		// b.Revision is the state held now, changes or not: saved, it is
+		// where to subscribe again after a restart.
+	}
+	// The subscription ended: ctx, its Close, the view's Close (ErrClosed),
+	// or the server's refusal of the view (v.Err).
+	if err := sub.Err(); !errors.Is(err, view.ErrClosed) && !errors.Is(err, etcdwatch.ErrClosed) {
+		log.Fatal(err)
 	}
 }
 

@@ -20,7 +20,6 @@ type history[T any] struct {
 	floor   int64         // items hold every change after this revision
 	changed chan struct{} // closed, and replaced, at each publication; closed for good at the end
 	over    bool          // the view has ended
-	subs    int           // open subscriptions
 }
 
 type histItem[T any] struct {
@@ -33,11 +32,13 @@ func (h *history[T]) init(limit int64) {
 	h.changed = make(chan struct{})
 }
 
-// changeWeight is what a change costs the history beyond its bytes.
+// changeWeight is what a change costs the history beyond its bytes; a
+// batch costs as much again, so that batches without changes (progress)
+// count too.
 const changeWeight = 64
 
 func batchWeight[T any](b *Batch[T]) int64 {
-	n := int64(0)
+	n := int64(changeWeight)
 	for _, ch := range b.Changes {
 		n += changeWeight
 		if ch.Entry != nil {
@@ -94,8 +95,8 @@ func (h *history[T]) waiter() <-chan struct{} {
 	return h.changed
 }
 
-func (h *history[T]) size() (subs int, bytes int64) {
+func (h *history[T]) size() (bytes int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.subs, h.bytes
+	return h.bytes
 }

@@ -11,7 +11,7 @@ import (
 // the newest whatever its size, and its floor says what it still covers.
 func TestHistoryBound(t *testing.T) {
 	var h history[[]byte]
-	h.init(3 * (changeWeight + 2))
+	h.init(3 * (2*changeWeight + 2)) // three batches of one change: a batch and its change weigh changeWeight each
 	batch := func(rev int64, n int) Batch[[]byte] {
 		b := Batch[[]byte]{Kind: Events, From: rev - 1, Revision: rev}
 		for i := range n {
@@ -33,4 +33,8 @@ func TestHistoryBound(t *testing.T) {
 	h.push(batch(6, 10))
 	require.Len(t, h.items, 1, "the newest is kept whatever its size")
 	require.EqualValues(t, 5, h.floor)
+	for rev := int64(7); rev < 100; rev++ {
+		h.push(batch(rev, 0))
+	}
+	require.Len(t, h.items, 3*(2*changeWeight+2)/changeWeight, "batches without changes are bounded too")
 }

@@ -60,3 +60,27 @@ func TestHoldStep(t *testing.T) {
 	require.Len(t, held, 2, "past etcdwatch.JoinLimit changes a step is kept apart")
 	require.EqualValues(t, 3, held[1].From)
 }
+
+// TestProgressBatchesAreRationed: a view that moves on without changes
+// holds a batch without changes for its subscribers, at most one every
+// progressGap; one in between is not held but waits (later is set), and
+// a step already held reaches the new revision instead.
+func TestProgressBatchesAreRationed(t *testing.T) {
+	u := newUnpublished[[]byte]()
+	defer u.stop()
+	t0 := time.Unix(1000, 0)
+	require.True(t, u.moved(5, 6, t0), "the first progress batch goes")
+	require.Equal(t, []Batch[[]byte]{{Kind: Events, From: 5, Revision: 6}}, u.take(t0))
+	require.False(t, u.moved(6, 7, t0.Add(progressGap/2)), "a second within progressGap waits")
+	require.NotNil(t, u.later.C, "and is due later")
+	require.Empty(t, u.take(t0.Add(progressGap/2)))
+	require.True(t, u.moved(6, 8, t0.Add(progressGap)), "once progressGap has passed, the latest goes")
+	require.Nil(t, u.later.C)
+	require.Equal(t, []Batch[[]byte]{{Kind: Events, From: 6, Revision: 8}}, u.take(t0.Add(progressGap)))
+
+	u.add(Batch[[]byte]{Kind: Events, From: 8, Revision: 9, Changes: make([]Change[[]byte], 1)})
+	require.True(t, u.moved(9, 12, t0.Add(progressGap+time.Millisecond)), "a held step reaches the new revision")
+	steps := u.take(t0)
+	require.Len(t, steps, 1)
+	require.EqualValues(t, 12, steps[0].Revision)
+}

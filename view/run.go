@@ -159,7 +159,7 @@ func (r *runner[T]) follow() error {
 	tick, stopTick := ticker(r.opts.bookmark)
 	defer stopTick()
 	held := newUnpublished[T]()
-	defer held.due.Stop()
+	defer held.stop()
 	flush := func() { r.publish(held.take(time.Now())...) }
 	heard := false // a response since the last tick
 	for {
@@ -170,11 +170,16 @@ func (r *runner[T]) follow() error {
 				return r.watchEnded()
 			}
 			heard = true
-			if held.add(r.apply(resp), time.Now()) {
+			if r.hold(held, r.apply(resp)) {
 				flush()
 			}
 		case <-held.due.C:
 			flush()
+		case <-held.later.C:
+			if r.rev > r.from && held.moved(r.from, r.rev, time.Now()) {
+				r.from = r.rev
+				flush()
+			}
 		case <-tick:
 			if !heard {
 				r.askProgress()
@@ -182,7 +187,8 @@ func (r *runner[T]) follow() error {
 			heard = false
 		case f := <-r.moves:
 			if r.move(f) {
-				flush()
+				r.hold(held, nil)
+				flush() // at once: a Sync waits for it, whatever the pacer says
 			}
 		case <-r.repair:
 			flush() // the listing compares with the published state
@@ -227,34 +233,46 @@ func (r *runner[T]) move(f freshness) bool {
 	return true
 }
 
+// hold holds the changes the view has just applied, up to its revision,
+// for publication, as a step from the last held or published one; or, for
+// a view that moved on without changes, a progress batch, at most every
+// progressGap. It reports whether the pacer wants them published now.
+func (r *runner[T]) hold(held *unpublished[T], changes []Change[T]) bool {
+	now := time.Now()
+	switch {
+	case len(changes) > 0:
+		held.add(Batch[T]{Kind: Events, From: r.from, Revision: r.rev, Changes: changes})
+		r.from = r.rev
+	case r.rev > r.from && held.moved(r.from, r.rev, now):
+		r.from = r.rev
+	}
+	return held.paced(now)
+}
+
 // apply applies one response's events to the editor, skipping revisions
-// already applied, so that a replay is harmless, and returns the step.
-func (r *runner[T]) apply(resp etcdwatch.Response) Batch[T] {
-	b := Batch[T]{Kind: Events, From: r.from}
+// already applied, so that a replay is harmless, and returns the changes.
+func (r *runner[T]) apply(resp etcdwatch.Response) []Change[T] {
+	var changes []Change[T]
 	for i := range resp.Events {
 		ev := &resp.Events[i]
 		if ev.ModRevision <= r.rev {
 			continue
 		}
-		if b.Changes == nil {
-			b.Changes = make([]Change[T], 0, len(resp.Events)-i)
+		if changes == nil {
+			changes = make([]Change[T], 0, len(resp.Events)-i)
 		}
 		switch ev.Type {
 		case etcdwatch.Put:
-			r.put(ev, &b)
+			changes = r.put(ev, changes)
 		case etcdwatch.Delete:
-			r.del(ev, &b)
+			changes = r.del(ev, changes)
 		}
 	}
 	r.rev = max(r.rev, resp.Revision)
-	b.Revision = r.rev
-	if len(b.Changes) > 0 {
-		r.from = b.Revision
-	}
-	return b
+	return changes
 }
 
-func (r *runner[T]) put(ev *etcdwatch.Event, b *Batch[T]) {
+func (r *runner[T]) put(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
 	kv := &ev.KeyValue
 	key := string(kv.Key)
 	e := r.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
@@ -265,16 +283,16 @@ func (r *runner[T]) put(ev *etcdwatch.Event, b *Batch[T]) {
 		r.bytes -= int64(old.size)
 	}
 	r.bytes += int64(e.size)
-	b.Changes = append(b.Changes, ch)
+	return append(changes, ch)
 }
 
-func (r *runner[T]) del(ev *etcdwatch.Event, b *Batch[T]) {
+func (r *runner[T]) del(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
 	old, ok := r.ed.Delete(string(ev.Key))
 	if !ok {
-		return
+		return changes
 	}
 	r.bytes -= int64(old.size)
-	b.Changes = append(b.Changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
+	return append(changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
 }
 
 // publish makes the editor's state the view's, with bs as the steps to it.

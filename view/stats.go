@@ -1,17 +1,18 @@
 package view
 
 // Stats is a snapshot of a view's counters. Counts are totals since the
-// view started; the others are current values.
+// view started; the others are current values. Views of one state (Share)
+// share all but Resyncs and Subscribers, which are each View's own.
 type Stats struct {
 	Keys                int    // keys in the view
 	Bytes               int64  // bytes of those keys and their values as stored
 	Revision            int64  // the view's revision
 	Lag                 int64  // the highest revision the Source has seen minus Revision; a range nobody writes lags until its next bookmark
 	Relists             uint64 // listings after the first: compactions, gaps, repairs
-	Resyncs             uint64 // whole states given to subscribers that fell behind
+	Resyncs             uint64 // whole states given to this View's subscribers that fell behind
 	DecodeErrors        uint64 // values the decode function refused
 	IntegrityChecks     uint64 // comparisons with the server completed (WithIntegrityCheck)
 	IntegrityMismatches uint64 // comparisons that found the view wrong, each repaired by a relist
-	Subscribers         int    // open subscriptions
+	Subscribers         int    // this View's open subscriptions
 	HistoryBytes        int64  // bytes of changes kept for subscribers
 }

@@ -2,45 +2,58 @@ package view
 
 import (
 	"context"
+	"iter"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Subscription is one subscriber's cursor into a view's batches, from
 // View.Subscribe (the zero Subscription is not usable). Its batches come
-// in revision order. Next is for one goroutine at a time; Close may be
-// called from any.
+// in revision order, each starting where the one before ended (From is the
+// previous Revision). Next and Batches are for one goroutine at a time;
+// Close and Err may be called from any.
 type Subscription[T any] struct {
 	c       *core[T]
-	closed  chan struct{}
+	resyncs *atomic.Uint64 // its View's count of Resyncs caused by falling behind
+	closed  chan struct{}  // closed by end
+	cause   error          // why it ended; written before closed is closed
 	once    sync.Once
 	onClose func() // tells the View; set by View.Subscribe
 
+	mu      sync.Mutex
+	stopCtx func() bool // releases the AfterFunc on the subscription's context; guarded by mu
+
 	// Owned by the caller of Next.
 	next   uint64 // sequence number of the next batch
-	from   int64  // the first revision asked for; trims the first batch
+	from   int64  // the first revision wanted; trims the first batch
 	resync bool   // the next batch is a Resync
 	asked  bool   // that Resync was asked for, not caused by falling behind
 }
 
-func (c *core[T]) subscribe(fromRev int64) *Subscription[T] {
+// subscribe returns a subscription for a subscriber that holds the state at
+// rev (none for rev <= 0), ended with ctx.
+func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint64) *Subscription[T] {
+	sub := &Subscription[T]{c: c, resyncs: resyncs, closed: make(chan struct{}), from: rev + 1}
 	h := &c.hist
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.subs++
-	sub := &Subscription[T]{c: c, closed: make(chan struct{}), from: fromRev}
-	if fromRev <= h.floor {
-		sub.resync, sub.asked = true, fromRev <= 0
-		return sub
+	if rev <= 0 || rev < h.floor {
+		sub.resync, sub.asked = true, rev <= 0
+	} else {
+		i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision > rev })
+		sub.next = h.first + uint64(i)
 	}
-	i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision >= fromRev })
-	sub.next = h.first + uint64(i)
+	h.mu.Unlock()
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	sub.stopCtx = context.AfterFunc(ctx, func() { sub.end(context.Cause(ctx)) })
 	return sub
 }
 
-// Next returns the next batch, waiting for one until ctx ends. Once the view
-// has ended, it returns what the view published before, then the view's Err;
-// after Close, ErrClosed.
+// Next returns the next batch, waiting for one until ctx ends. Once the
+// view has ended, it returns what the view published before, then the
+// view's Err; once the subscription has ended, why: ErrClosed after its
+// Close or its View's, or the cause of the context it was made with.
 func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 	for {
 		b, wait, err := s.poll()
@@ -52,8 +65,39 @@ func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 		case <-ctx.Done():
 			return Batch[T]{}, context.Cause(ctx)
 		case <-s.closed:
-			return Batch[T]{}, ErrClosed
+			return Batch[T]{}, s.cause
 		}
+	}
+}
+
+// Batches iterates the subscription's batches, as Next gives them, until
+// it ends: then Err says why.
+//
+//	for b := range sub.Batches() { ... }
+//	err := sub.Err()
+func (s *Subscription[T]) Batches() iter.Seq[Batch[T]] {
+	return func(yield func(Batch[T]) bool) {
+		for {
+			b, err := s.Next(context.Background())
+			if err != nil {
+				s.end(err) // the view's end ends the subscription too
+				return
+			}
+			if !yield(b) {
+				return
+			}
+		}
+	}
+}
+
+// Err returns nil while the subscription runs, then why it ended (see
+// Next).
+func (s *Subscription[T]) Err() error {
+	select {
+	case <-s.closed:
+		return s.cause
+	default:
+		return nil
 	}
 }
 
@@ -61,7 +105,7 @@ func (s *Subscription[T]) Next(ctx context.Context) (Batch[T], error) {
 func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 	select {
 	case <-s.closed:
-		return Batch[T]{}, nil, ErrClosed
+		return Batch[T]{}, nil, s.cause
 	default:
 	}
 	h := &s.c.hist
@@ -95,13 +139,13 @@ func (s *Subscription[T]) resyncTo(snap *Snapshot[T], asked bool) (Batch[T], <-c
 		return Batch[T]{}, nil, s.c.err
 	}
 	if !asked {
-		s.c.stats.resyncs.Add(1)
+		s.resyncs.Add(1)
 	}
 	return resyncOf(snap), nil, nil
 }
 
-// trimFirst trims the subscription's first batch to the revision it asked
-// for; later ones go as they are.
+// trimFirst trims the subscription's first batch to the revisions after
+// the state it holds; later ones go as they are.
 func (s *Subscription[T]) trimFirst(b Batch[T]) Batch[T] {
 	if s.from > 0 {
 		b = trim(b, s.from)
@@ -132,18 +176,21 @@ func trim[T any](b Batch[T], from int64) Batch[T] {
 
 // Close ends the subscription: Next returns ErrClosed. It is idempotent.
 func (s *Subscription[T]) Close() {
-	s.end()
+	s.end(ErrClosed)
 	if s.onClose != nil {
 		s.onClose()
 	}
 }
 
-func (s *Subscription[T]) end() {
+// end ends the subscription with cause, once.
+func (s *Subscription[T]) end(cause error) {
 	s.once.Do(func() {
+		s.cause = cause
 		close(s.closed)
-		h := &s.c.hist
-		h.mu.Lock()
-		h.subs--
-		h.mu.Unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.stopCtx != nil {
+			s.stopCtx()
+		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"sync"
+	"sync/atomic"
 
 	"github.com/etcdwatch/etcdwatch"
 )
@@ -37,8 +38,9 @@ type View[T any] struct {
 	once sync.Once // Close's
 
 	mu     sync.Mutex
-	subs   map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after; guarded by mu
-	closed bool                          // Close has begun; guarded by mu
+	subs    map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after; guarded by mu
+	closed  bool                          // Close has begun; guarded by mu
+	resyncs atomic.Uint64                 // Resyncs its subscriptions were given for falling behind
 }
 
 // New lists r's range on src's connection and watches it on src, and returns
@@ -171,8 +173,15 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 	return err
 }
 
-// Stats returns the view's counters. Views of one state share them.
-func (v *View[T]) Stats() Stats { return v.core.statsNow() }
+// Stats returns the view's counters.
+func (v *View[T]) Stats() Stats {
+	st := v.core.statsNow()
+	v.mu.Lock()
+	st.Subscribers = len(v.subs)
+	v.mu.Unlock()
+	st.Resyncs = v.resyncs.Load()
+	return st
+}
 
 // WaitForRevision waits until the view has applied every change up to rev,
 // or ctx ends, or the view ends: a revision written anywhere in the store,
@@ -206,17 +215,26 @@ func (v *View[T]) Sync(ctx context.Context) error {
 	return v.outcome(ctx, v.core.sync(ctx))
 }
 
-// Subscribe returns a subscription to the view's batches of changes with
-// revisions from fromRev on. When the view's history no longer reaches back
-// to fromRev (or fromRev <= 0), the first batch is a Resync of the current
-// state. The view never waits for a subscriber: one that falls more than
-// WithHistoryBytes behind gets a Resync instead of what it missed.
-func (v *View[T]) Subscribe(fromRev int64) *Subscription[T] {
-	sub := v.core.subscribe(fromRev)
+// Subscribe returns a subscription to the view's batches for a subscriber
+// that holds the state at rev: a Snapshot's Revision, or the Revision of
+// the last batch it applied, saved across a restart of its own if need
+// be. It gets every change after rev, in batches that start at rev. For
+// rev <= 0 (it holds nothing), or a rev the view's history no longer
+// reaches back to, the first batch is a Resync of the current state. The
+// view never waits for a subscriber: one that falls more than
+// WithHistoryBytes behind gets a Resync instead of what it missed. The
+// subscription ends with ctx, at its Close, or with the View.
+//
+// Batches without changes come when the view has moved on without changes
+// to its range (bookmarks, and every Sync or WaitForRevision that moved
+// it), at most ten a second, each with the latest revision: a subscriber
+// can save it and subscribe again from there.
+func (v *View[T]) Subscribe(ctx context.Context, rev int64) *Subscription[T] {
+	sub := v.core.subscribe(ctx, rev, &v.resyncs)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.closed {
-		sub.end() // a View's subscriptions end with it
+		sub.end(ErrClosed) // a View's subscriptions end with it
 		return sub
 	}
 	if v.subs == nil {
@@ -271,7 +289,7 @@ func (v *View[T]) Close() error {
 		v.subs, v.closed = nil, true
 		v.mu.Unlock()
 		for sub := range subs {
-			sub.end()
+			sub.end(ErrClosed)
 		}
 		v.core.leave(v.done)
 	})

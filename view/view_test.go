@@ -260,7 +260,7 @@ func TestViewAppliesEventsAndReportsThem(t *testing.T) {
 	putKeys(kv, 2)
 	vh := openView(h, view.DecodeBytes)
 	start := vh.v.Revision()
-	sub := vh.v.Subscribe(start + 1)
+	sub := vh.v.Subscribe(context.Background(), start)
 	vh.send(kv.PutEvent("v/00", "new"), kv.PutEvent("v/09", "nine"))
 	vh.send(kv.DeleteEvent("v/01"))
 
@@ -290,7 +290,7 @@ func TestViewRelistsWithTheExactDifference(t *testing.T) {
 	}
 	vh := openView(h, view.DecodeBytes)
 	start := vh.v.Revision()
-	sub := vh.v.Subscribe(start + 1)
+	sub := vh.v.Subscribe(context.Background(), start)
 
 	kv.Put("v/upd", "2")
 	kv.Delete("v/del")
@@ -306,7 +306,12 @@ func TestViewRelistsWithTheExactDifference(t *testing.T) {
 	require.Equal(t, kv.Revision(), b.Revision)
 	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd"}, summary(b))
 	for _, ch := range b.Changes {
-		require.Equal(t, b.Revision, ch.Revision)
+		if ch.Kind == view.Deleted {
+			require.Equal(t, b.Revision, ch.Revision, "%s: a delete's revision is not known: the listing's", ch.Key)
+		} else {
+			got, _ := vh.v.Get(ch.Key)
+			require.Equal(t, got.ModRevision, ch.Revision, "%s: a put's revision is its key's", ch.Key)
+		}
 	}
 	require.EqualValues(t, 1, vh.v.Stats().Relists)
 	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
@@ -322,7 +327,7 @@ func TestViewRepairsWhatAnIntegrityCheckFinds(t *testing.T) {
 	kv := h.server.KV()
 	putKeys(kv, 3)
 	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
-	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
 	kv.Put("v/lost", "x") // no event: the view is now wrong
 	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
 	vh.confirm()
@@ -385,7 +390,7 @@ func TestSubscriberThatFallsBehindGetsAResync(t *testing.T) {
 	kv := h.server.KV()
 	vh := openView(h, view.DecodeBytes, view.WithHistoryBytes(300))
 	start := vh.v.Revision()
-	slow, fast := vh.v.Subscribe(start+1), vh.v.Subscribe(start+1)
+	slow, fast := vh.v.Subscribe(context.Background(), start), vh.v.Subscribe(context.Background(), start)
 	from := start
 	for i := range 20 {
 		vh.send(kv.PutEvent(fmt.Sprintf("v/%02d", i), "value"))
@@ -413,12 +418,12 @@ func TestSubscribeReplaysFromARevision(t *testing.T) {
 	vh := openView(h, view.DecodeBytes)
 	a, b, c := kv.PutEvent("v/a", "1"), kv.PutEvent("v/b", "1"), kv.PutEvent("v/c", "1")
 	vh.send(a, b, c) // one response: revisions a, b and c in one batch
-	sub := vh.v.Subscribe(b.Kv.ModRevision)
+	sub := vh.v.Subscribe(context.Background(), b.Kv.ModRevision-1)
 	got := nextBatch(t, sub)
 	require.Equal(t, []string{"created v/b", "created v/c"}, summary(got))
 	require.Equal(t, a.Kv.ModRevision, got.From)
 
-	all := vh.v.Subscribe(0)
+	all := vh.v.Subscribe(context.Background(), 0)
 	got = nextBatch(t, all)
 	require.Equal(t, view.Resync, got.Kind)
 	require.Equal(t, []string{"created v/a", "created v/b", "created v/c"}, summary(got))
@@ -442,7 +447,7 @@ func TestViewKeepsKeysItCannotDecode(t *testing.T) {
 	e, _ = vh.v.Get("v/good")
 	require.NoError(t, e.Err)
 	require.Equal(t, 1, e.Value.N)
-	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
 	vh.send(kv.PutEvent("v/good", "nope"))
 	b := nextBatch(t, sub)
 	require.Error(t, b.Changes[0].Entry.Err)
@@ -460,7 +465,7 @@ func TestViewEndsWithItsWatch(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
 	vh := openView(h, view.DecodeBytes)
-	sub := vh.v.Subscribe(vh.v.Revision() + 1)
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
 	vh.send(kv.PutEvent("v/a", "1"))
 	vh.refuse()
 	ended(t, vh.v)
@@ -548,7 +553,7 @@ func TestShareFollowsTheSameWatch(t *testing.T) {
 		t.Fatal("Close returned before Done was closed")
 	}
 	require.ErrorIs(t, first.v.WaitForRevision(context.Background(), 1<<40), view.ErrClosed)
-	_, err := first.v.Subscribe(0).Next(context.Background())
+	_, err := first.v.Subscribe(context.Background(), 0).Next(context.Background())
 	require.ErrorIs(t, err, view.ErrClosed)
 	require.NoError(t, second.Err())
 	require.Empty(t, h.requestsBefore(), "a View's Close while another shares its state sends nothing")
@@ -600,7 +605,7 @@ func TestShareOfAnEndedView(t *testing.T) {
 		t.Fatal("Share of a closed View is running")
 	}
 	require.ErrorIs(t, closed.Err(), view.ErrClosed)
-	_, err := closed.Subscribe(0).Next(context.Background())
+	_, err := closed.Subscribe(context.Background(), 0).Next(context.Background())
 	require.ErrorIs(t, err, view.ErrClosed)
 	require.NoError(t, closed.Close())
 	require.NoError(t, second.Err(), "closing an ended Share ends nothing else")
@@ -662,7 +667,7 @@ func TestStreamCloseEndsItsViews(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	vh := openView(h, view.DecodeBytes)
 	shared := vh.v.Share()
-	sub := shared.Subscribe(vh.v.Revision() + 1)
+	sub := shared.Subscribe(context.Background(), vh.v.Revision())
 	vh.send(kv.PutEvent("v/a", "1"))
 	require.NoError(t, h.s.Close())
 	for _, v := range []*view.View[[]byte]{vh.v, shared} {

@@ -137,7 +137,7 @@ func viewList(t *testing.T, e *Env) {
 
 	// The state at the listing: the current one with every change since
 	// undone, each Change's Prev put back.
-	sub := v.Subscribe(listed + 1)
+	sub := v.Subscribe(context.Background(), listed)
 	defer sub.Close()
 	snap := v.Snapshot()
 	var batches []view.Batch[[]byte]
@@ -215,7 +215,7 @@ func viewRelist(t *testing.T, e *Env) {
 	from := v.Revision()
 	before := e.rows(t, prefix, from)
 	equal(t, before, snapRows(t, v.Snapshot()), fmt.Sprintf("the view at %d", from))
-	sub := v.Subscribe(from + 1)
+	sub := v.Subscribe(context.Background(), from)
 	defer sub.Close()
 
 	check(t, out.down() >= 1, "no connection to take down")

@@ -206,7 +206,7 @@ func follow[T any](ctx context.Context, w watcher, decode view.Decoder[T], forma
 	w.log.Info("view ready", "prefix", w.prefix, "keys", snap.Len(), "revision", snap.Revision())
 	fmt.Fprintf(w.out, "%s at rev %d: %d keys\n", w.prefix, snap.Revision(), snap.Len())
 	printTable(w.out, snap.All(), format)
-	sub := v.Subscribe(snap.Revision() + 1)
+	sub := v.Subscribe(ctx, snap.Revision())
 	defer sub.Close()
 
 	last, err := w.write(ctx, w.steps)

@@ -345,7 +345,7 @@ func viewRelistChild() {
 	check(err)
 	syncTook := time.Since(start)
 	defer v.Close()
-	sub := v.Subscribe(v.Revision() + 1)
+	sub := v.Subscribe(context.Background(), v.Revision())
 	defer sub.Close()
 	keysBefore := v.Len()
 
@@ -688,7 +688,7 @@ func viewApplyChild(name string) {
 		v, err := view.New(ctx, s, etcdwatch.Prefix(*childPrefix), view.DecodeBytes)
 		check(err)
 		defer v.Close()
-		sub := v.Subscribe(v.Revision() + 1)
+		sub := v.Subscribe(context.Background(), v.Revision())
 		defer sub.Close()
 		consume = func() (int, error) {
 			n := 0

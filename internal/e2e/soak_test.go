@@ -193,7 +193,7 @@ func soakViews(t *testing.T, s, tight, outage *etcdwatch.Stream) []*soakView {
 		{name: "outage", v: newView(t, outage, etcdwatch.Prefix("soak/"), view.DecodeBytes)},
 	}
 	for _, sv := range []*soakView{views[0], views[1], views[3]} {
-		sv.rp = replay(sv.v.Subscribe(0))
+		sv.rp = replay(sv.v.Subscribe(context.Background(), 0))
 	}
 	return views
 }

@@ -482,7 +482,7 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 	s := openOn(t, []string{proxy.Addr()}, fastRetry)
 	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	require.Equal(t, 9, v.Len())
-	sub := v.Subscribe(v.Revision() + 1)
+	sub := v.Subscribe(context.Background(), v.Revision())
 	defer sub.Close()
 
 	proxy.Refuse(true)
@@ -557,7 +557,7 @@ func TestViewStoppedSubscriberGetsResync(t *testing.T) {
 	const limit = 4 << 10
 	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithHistoryBytes(limit))
 	start := v.Snapshot()
-	reading, stopped := v.Subscribe(start.Revision()+1), v.Subscribe(start.Revision()+1)
+	reading, stopped := v.Subscribe(context.Background(), start.Revision()), v.Subscribe(context.Background(), start.Revision())
 	defer reading.Close()
 	defer stopped.Close()
 	rep := replicaOf(start)
@@ -648,7 +648,7 @@ func TestViewDecodeErrors(t *testing.T) {
 	require.Equal(t, uint64(2), v.Stats().DecodeErrors)
 	requireEqualsServer(t, kv, v, v.Snapshot())
 
-	sub := v.Subscribe(v.Revision() + 1)
+	sub := v.Subscribe(context.Background(), v.Revision())
 	defer sub.Close()
 	rev := put(t, kv, prefix+"b", `{"N":2}`)
 	b := nextBatch(t, sub)
@@ -878,7 +878,7 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 		put(t, kv, prefix+"j", "before")
 		v := newView(t, s, etcdwatch.Key(k), view.DecodeBytes)
 		require.Zero(t, v.Len())
-		sub := v.Subscribe(v.Revision() + 1)
+		sub := v.Subscribe(context.Background(), v.Revision())
 		defer sub.Close()
 		var want []view.ChangeKind
 		var got []view.ChangeKind
@@ -937,7 +937,7 @@ func TestViewOfOneKeyAndFromKey(t *testing.T) {
 		require.Equal(t, 2, v.Len())
 		_, ok := v.Get(below)
 		require.False(t, ok)
-		sub := v.Subscribe(v.Revision() + 1)
+		sub := v.Subscribe(context.Background(), v.Revision())
 		defer sub.Close()
 		put(t, kv, below, "below again")
 		put(t, kv, start+"b", "b")
@@ -965,7 +965,7 @@ func TestViewEndsWithStream(t *testing.T) {
 	deleteWhenDone(t, kv, prefix)
 	s := open(t)
 	v := newView(t, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
-	sub := v.Subscribe(v.Revision() + 1)
+	sub := v.Subscribe(context.Background(), v.Revision())
 	defer sub.Close()
 	var revs []int64
 	for i := range 3 {

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -25,10 +27,33 @@ type KV struct {
 	streams  bool // RangeStream is served
 	chunk    int  // keys per RangeStream message
 	requests []*pb.RangeRequest
-	fail     []error // returned, in turn, by the next Range or RangeStream calls
+	fail     []error       // returned, in turn, by the next Range or RangeStream calls
+	asked    chan struct{} // closed, and replaced, at each request
 }
 
-func newKV() *KV { return &KV{keys: make(map[string]*mvccpb.KeyValue), rev: 1, chunk: 2} }
+func newKV() *KV {
+	return &KV{keys: make(map[string]*mvccpb.KeyValue), rev: 1, chunk: 2, asked: make(chan struct{})}
+}
+
+// AwaitRequests waits until cond holds for the requests received so far,
+// checking it at each request, and fails t after Timeout.
+func (k *KV) AwaitRequests(t testing.TB, cond func([]*pb.RangeRequest) bool) {
+	t.Helper()
+	deadline := time.After(Timeout)
+	for {
+		k.mu.Lock()
+		asked, ok := k.asked, cond(k.requests)
+		k.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-asked:
+		case <-deadline:
+			t.Fatalf("watchserver: the requests awaited did not come within %v", Timeout)
+		}
+	}
+}
 
 // KV returns the server's KV service.
 func (s *Server) KV() *KV { return s.kv }
@@ -120,6 +145,8 @@ func (svc kvService) RangeStream(r *pb.RangeRequest, srv grpc.ServerStreamingSer
 
 func (k *KV) rangeLocked(r *pb.RangeRequest) (*pb.RangeResponse, error) {
 	k.requests = append(k.requests, r)
+	close(k.asked)
+	k.asked = make(chan struct{})
 	if len(k.fail) > 0 {
 		err := k.fail[0]
 		k.fail = k.fail[1:]

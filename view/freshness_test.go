@@ -1,0 +1,179 @@
+package view_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+	"github.com/etcdwatch/etcdwatch/view"
+)
+
+// The freshness of views (issue 18): WaitForRevision asks, Sync moves the
+// view's revision on every path, subscribers hear progress and can come
+// back from a saved revision.
+
+// callAsync runs f in a goroutine; its error arrives on the channel.
+func callAsync(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// TestWaitForRevisionAsks: a revision written outside the view's range,
+// with nothing in the range to bring the view there, is reached by asking
+// the server for progress on the view's watch, whose answer moves the
+// view; WaitForRevision then returns, and a subscriber hears of it in a
+// batch without changes.
+func TestWaitForRevisionAsks(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, view.DecodeBytes)
+	sub := vh.v.Subscribe(t.Context(), vh.v.Revision())
+	from := vh.v.Revision()
+	rev := kv.Put("elsewhere", "x")
+	done := callAsync(func() error { return vh.v.WaitForRevision(context.Background(), rev) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest(), "WaitForRevision did not ask")
+	vh.srv.Send(t, ws.Progress(-1, rev))
+	require.NoError(t, recv(t, done, "WaitForRevision"))
+	require.Equal(t, rev, vh.v.Revision())
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Events, b.Kind)
+	require.Empty(t, b.Changes)
+	require.Equal(t, [2]int64{from, rev}, [2]int64{b.From, b.Revision}, "a progress batch from where the last one ended")
+}
+
+// TestWaitForRevisionBeyondTheStore: while the store has not reached the
+// revision waited for, the view asks again, at a steady cadence, until
+// an answer reaches it.
+func TestWaitForRevisionBeyondTheStore(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, view.DecodeBytes)
+	now := kv.Revision()
+	done := callAsync(func() error { return vh.v.WaitForRevision(context.Background(), now+2) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+	vh.srv.Send(t, ws.Progress(-1, now)) // not there yet
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest(), "not asked again")
+	vh.srv.Send(t, ws.Progress(-1, now+2))
+	require.NoError(t, recv(t, done, "WaitForRevision"))
+	require.Equal(t, now+2, vh.v.Revision())
+}
+
+// TestSyncMovesTheRevisionWithoutProgress: where progress is unsafe (etcd
+// 3.4.23), Sync reads the range; once the view holds the state that read
+// saw, it moves to the read's revision, so that Revision says how fresh it
+// is, and WaitForRevision of a revision written elsewhere returns by the
+// same read, asking again while the store has not reached it.
+func TestSyncMovesTheRevisionWithoutProgress(t *testing.T) {
+	h := harnessOn(t, ws.StartRelease(t, "3.4.23"))
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	rev := kv.Put("elsewhere", "x")
+	require.NoError(t, vh.v.Sync(context.Background()))
+	require.Equal(t, rev, vh.v.Revision(), "Sync returned with the view's revision below the read's")
+
+	rev = kv.Put("elsewhere", "y")
+	require.NoError(t, vh.v.WaitForRevision(context.Background(), rev))
+	require.Equal(t, rev, vh.v.Revision())
+	reads := func(reqs []*pb.RangeRequest) int {
+		n := 0
+		for _, r := range reqs {
+			if r.SortTarget == pb.RangeRequest_MOD {
+				n++
+			}
+		}
+		return n
+	}
+	before := reads(kv.Requests())
+	done := callAsync(func() error { return vh.v.WaitForRevision(context.Background(), rev+1) })
+	// Asked twice, the second after a cadence, while the store is behind.
+	kv.AwaitRequests(t, func(reqs []*pb.RangeRequest) bool { return reads(reqs) >= before+2 })
+	select {
+	case err := <-done:
+		t.Fatalf("WaitForRevision of a revision the store has not reached returned %v", err)
+	default:
+	}
+	kv.Put("elsewhere", "z")
+	require.NoError(t, recv(t, done, "WaitForRevision"))
+}
+
+// TestSubscribeFromASavedRevision: a subscriber that saved the revision of
+// the last batch it applied (here a batch without changes, the view moved
+// by a Sync) subscribes again from it, as after a restart of its own, and
+// gets exactly the changes after it; one that saved a revision the
+// history no longer reaches gets a Resync.
+func TestSubscribeFromASavedRevision(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, view.DecodeBytes, view.WithHistoryBytes(1024))
+	first := vh.v.Subscribe(t.Context(), vh.v.Revision())
+	vh.send(kv.PutEvent("v/a", "1"))
+	require.Equal(t, []string{"created v/a"}, summary(nextBatch(t, first)))
+	rev := kv.Put("elsewhere", "x")
+	done := callAsync(func() error { return vh.v.WaitForRevision(context.Background(), rev) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+	vh.srv.Send(t, ws.Progress(-1, rev))
+	require.NoError(t, recv(t, done, "WaitForRevision"))
+	saved := nextBatch(t, first).Revision
+	require.Equal(t, rev, saved)
+	first.Close() // the subscriber goes away, its revision saved
+
+	vh.send(kv.PutEvent("v/b", "1"))
+	vh.send(kv.PutEvent("v/a", "2"))
+	again := vh.v.Subscribe(t.Context(), saved)
+	var got []string
+	for from := saved; from < kv.Revision(); {
+		b := nextBatch(t, again)
+		require.Equal(t, from, b.From, "batches follow each other from the saved revision")
+		got, from = append(got, summary(b)...), b.Revision
+	}
+	require.Equal(t, []string{"created v/b", "updated v/a"}, got, "exactly the changes after the saved revision")
+
+	for range 20 { // past the history's 1 KiB
+		vh.send(kv.PutEvent("v/c", "x"))
+	}
+	late := vh.v.Subscribe(t.Context(), saved)
+	require.Equal(t, view.Resync, nextBatch(t, late).Kind)
+	require.EqualValues(t, 1, vh.v.Stats().Resyncs)
+}
+
+// TestSubscriptionEndsWithItsContext: the context a subscription is made
+// with ends it: Next and Batches stop, and Err says why.
+func TestSubscriptionEndsWithItsContext(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, view.DecodeBytes)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sub := vh.v.Subscribe(ctx, vh.v.Revision())
+	require.Equal(t, 1, vh.v.Stats().Subscribers)
+	require.NoError(t, sub.Err())
+	stop := errors.New("the subscriber is done")
+	ended := callAsync(func() error {
+		for range sub.Batches() {
+		}
+		return sub.Err()
+	})
+	cancel(stop)
+	require.ErrorIs(t, recv(t, ended, "Batches"), stop)
+	_, err := sub.Next(context.Background())
+	require.ErrorIs(t, err, stop)
+}
+
+// TestStatsOfSharedViews: Views of one state share the state's counters,
+// but each counts its own subscriptions and Resyncs.
+func TestStatsOfSharedViews(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, view.DecodeBytes)
+	other := vh.v.Share()
+	t.Cleanup(func() { other.Close() })
+	vh.v.Subscribe(t.Context(), 0)
+	vh.v.Subscribe(t.Context(), 0)
+	other.Subscribe(t.Context(), 0)
+	require.Equal(t, 2, vh.v.Stats().Subscribers)
+	require.Equal(t, 1, other.Stats().Subscribers)
+	require.Equal(t, vh.v.Stats().Revision, other.Stats().Revision)
+}
