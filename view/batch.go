@@ -28,8 +28,8 @@ func (k ChangeKind) String() string {
 
 // Change is one key's change in a Batch.
 type Change[T any] struct {
-	Kind     ChangeKind
-	Key      string
+	Kind ChangeKind
+	Key  string
 	// Revision is the revision of the change: for a key created or
 	// updated, its ModRevision, in every kind of batch; for a delete in an
 	// Events batch, the deletion's. For a delete in a Relisted batch it is

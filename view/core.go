@@ -59,7 +59,7 @@ type core[T any] struct {
 // counters are added to by the state's goroutines and read by Stats.
 type counters struct {
 	relists, decodeErrors atomic.Uint64
-	checks, mismatches             atomic.Uint64
+	checks, mismatches    atomic.Uint64
 }
 
 func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o options) *core[T] {

@@ -37,7 +37,7 @@ type View[T any] struct {
 	done chan struct{}
 	once sync.Once // Close's
 
-	mu     sync.Mutex
+	mu      sync.Mutex
 	subs    map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after; guarded by mu
 	closed  bool                          // Close has begun; guarded by mu
 	resyncs atomic.Uint64                 // Resyncs its subscriptions were given for falling behind
