@@ -419,7 +419,8 @@ func changeOf(ch view.Change[[]byte]) change {
 
 // diffRows is the difference a relist from before to after (both in key
 // order) must report at rev: a key whose CreateRevision moved was deleted
-// and created again; one whose ModRevision moved, updated.
+// and created again; one whose ModRevision moved, updated. A put's
+// revision is its key's ModRevision; a delete's, rev.
 func diffRows(before, after []row, rev int64) []change {
 	var d []change
 	i, j := 0, 0
@@ -429,15 +430,15 @@ func diffRows(before, after []row, rev int64) []change {
 			d = append(d, change{view.Deleted, before[i].key, rev, row{}, before[i]})
 			i++
 		case i == len(before) || after[j].key < before[i].key:
-			d = append(d, change{view.Created, after[j].key, rev, after[j], row{}})
+			d = append(d, change{view.Created, after[j].key, after[j].mod, after[j], row{}})
 			j++
 		default:
 			b, a := before[i], after[j]
 			switch {
 			case b.create != a.create:
-				d = append(d, change{view.Deleted, b.key, rev, row{}, b}, change{view.Created, a.key, rev, a, row{}})
+				d = append(d, change{view.Deleted, b.key, rev, row{}, b}, change{view.Created, a.key, a.mod, a, row{}})
 			case b.mod != a.mod:
-				d = append(d, change{view.Updated, a.key, rev, a, b})
+				d = append(d, change{view.Updated, a.key, a.mod, a, b})
 			}
 			i++
 			j++

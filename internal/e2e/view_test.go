@@ -514,7 +514,11 @@ func TestViewRelistAfterCompactionWhileDisconnected(t *testing.T) {
 	for _, ch := range b.Changes {
 		k := strings.TrimPrefix(ch.Key, prefix)
 		got[k] = append(got[k], ch.Kind)
-		require.Equal(t, b.Revision, ch.Revision, "%s %s", ch.Kind, k)
+		if ch.Entry != nil {
+			require.Equal(t, ch.Entry.ModRevision, ch.Revision, "%s %s: a put's revision is its key's", ch.Kind, k)
+		} else {
+			require.Equal(t, b.Revision, ch.Revision, "%s %s: a delete's is the listing's", ch.Kind, k)
+		}
 		if ch.Entry != nil {
 			require.Equal(t, "new "+k, string(ch.Entry.Value), k)
 		}
