@@ -43,6 +43,7 @@ var All = []Scenario{
 	{"Progress", progress},
 	{"ProgressOrder", progressOrder},
 	{"ResumeAfterCut", resumeAfterCut},
+	{"ProgressAfterCut", progressAfterCut},
 	{"Fragments", fragments},
 	{"ViewList", viewList},
 	{"ViewRelist", viewRelist},

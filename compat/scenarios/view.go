@@ -332,9 +332,18 @@ func viewSync(t *testing.T, e *Env) {
 	check(t, v.Len() == len(held) && empty.Len() == 0, "idle views changed: %d and %d keys", v.Len(), empty.Len())
 	if byRead {
 		check(t, sp.reads() == writes+1, "etcd %s: the idle Sync made %d reads, want 1", e.Version, sp.reads()-writes)
-	} else {
-		check(t, v.Revision() >= last && empty.Revision() >= last, "after Sync, idle views at %d and %d, below the write elsewhere at %d",
-			v.Revision(), empty.Revision(), last)
+	}
+	// On every path, Sync moves an idle view to the revision it read.
+	check(t, v.Revision() >= last && empty.Revision() >= last, "after Sync, idle views at %d and %d, below the write elsewhere at %d",
+		v.Revision(), empty.Revision(), last)
+
+	// WaitForRevision of a revision written elsewhere asks, as Sync does:
+	// by progress, or where that is unsafe, by a read.
+	last = e.put(t, elsewhere+"w", "x")
+	must(t, v.WaitForRevision(pctx, last))
+	check(t, v.Revision() >= last, "WaitForRevision(%d) returned with the view at %d", last, v.Revision())
+	if byRead {
+		check(t, sp.reads() == writes+2, "etcd %s: WaitForRevision made %d reads, want 1", e.Version, sp.reads()-writes-1)
 	}
 	how := "RequestProgress"
 	if byRead {
