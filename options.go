@@ -79,9 +79,12 @@ func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stall
 // could not). Default 0: no bound but the context's; at least 0.
 func WithCreateTimeout(d time.Duration) Option { return func(o *options) { o.createTimeout = d } }
 
-// WithProgressRetry sets how long RequestProgress waits for an answer before
-// asking again: etcd 3.6 and later stay silent while any watch on the stream
-// is catching up. Default 250ms; at least 1ms.
+// WithProgressRetry sets the longest RequestProgress waits for an answer
+// before asking again: etcd 3.5.13 and later stay silent while any watch on
+// the stream is catching up. A request is first asked again after 10ms,
+// then after twice as long each time, up to d, so that an answer held back
+// only until etcd's next sync of new watches (every 100ms) comes soon
+// after it. Default 250ms; at least 1ms.
 func WithProgressRetry(d time.Duration) Option { return func(o *options) { o.progressRetry = d } }
 
 // WithLogger sets the logger for stream-level events (stream failures,

@@ -1,6 +1,9 @@
 package etcdwatch
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestPipeline: the create-pipelining policy, event by event. A new stream
 // pipelines creates but must see its first answer echo the oldest create's
@@ -97,6 +100,32 @@ func TestUnmatchable(t *testing.T) {
 		p := pipeline{mode: tc.mode}
 		if got := p.unmatchable(tc.inFlight, tc.refused, tc.echoed); got != tc.want {
 			t.Errorf("%+v: unmatchable %v, want %v", tc, got, tc.want)
+		}
+	}
+}
+
+// TestProgressRetry: an unanswered progress request is asked again after
+// 10ms, then twice as long each time up to the maximum; an answer starts
+// the series again; a maximum below 10ms is the only delay.
+func TestProgressRetry(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		max  time.Duration
+		want []time.Duration
+	}{
+		{250 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, 250 * ms, 250 * ms}},
+		{100 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 100 * ms}},
+		{5 * ms, []time.Duration{5 * ms, 5 * ms}},
+	} {
+		r := progressRetry{max: tc.max}
+		for i, want := range tc.want {
+			if got := r.next(); got != want {
+				t.Errorf("max %v, request %d: %v, want %v", tc.max, i, got, want)
+			}
+		}
+		r.reset()
+		if got := r.next(); got != min(progressFirstRetry, tc.max) {
+			t.Errorf("max %v: after an answer %v, want the series to start again", tc.max, got)
 		}
 	}
 }

@@ -33,7 +33,7 @@ type progressResult struct {
 // or the retry timer fires; and an answer below the highest revision the
 // stream had seen when a call began is too old for that call, which waits on.
 type progressState struct {
-	retry           time.Duration
+	retry           progressRetry
 	waiting         []*progressWaiter // covered by the request in flight
 	next            []*progressWaiter // joined after that request was sent
 	held            []*progressWaiter // arrived before the servers' release was known
@@ -84,6 +84,7 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		w.reply <- progressResult{rev: rev}
 	}
 	p.waiting, p.next = append(stay, p.next...), nil
+	p.retry.reset() // the stream answers
 	if len(p.waiting) > 0 {
 		d.sendProgress()
 		return
@@ -118,12 +119,40 @@ func (d *dispatcher) sendProgress() {
 	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
 	p.inFlight = true
-	p.Reset(d.clock, p.retry)
+	p.Reset(d.clock, p.retry.next())
 }
 
+// progressFirstRetry is how long the first progress request of a series
+// goes unanswered before it is asked again.
+const progressFirstRetry = 10 * time.Millisecond
+
+// progressRetry is the policy for asking again for progress the server
+// has not answered: etcd 3.5.13 and later answer only once every watch on
+// the stream is synced, and sync watchers every 100ms, so a stream with a
+// watch just created or resumed is answered at the next sync. The first
+// request of a series is repeated after progressFirstRetry, each next
+// after twice as long, up to max (WithProgressRetry), so that such an
+// answer comes a moment after that sync, and a stream held up for long
+// (a watch catching up, or waiting for a future revision) is asked at max.
+// An answer starts a new series. Owned by the dispatcher.
+type progressRetry struct {
+	max  time.Duration
+	last time.Duration // the delay before the last request was repeated; 0 at the start of a series
+}
+
+// next returns how long to wait for an answer to the request being sent.
+func (r *progressRetry) next() time.Duration {
+	r.last = min(max(2*r.last, progressFirstRetry), r.max)
+	return r.last
+}
+
+// reset starts a new series: the server has answered.
+func (r *progressRetry) reset() { r.last = 0 }
+
 // suspend forgets the request in flight when its stream ends; the calls
-// waiting for it wait for the next stream.
+// waiting for it wait for the next stream, which starts a new series.
 func (p *progressState) suspend() {
+	p.retry.reset()
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
 	p.inFlight = false

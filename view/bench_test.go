@@ -14,15 +14,16 @@ import (
 )
 
 // benchStream is a Stream on a scripted server, as the root package's
-// BenchmarkDeliver has it.
-func benchStream(b *testing.B, opts ...etcdwatch.Option) (*etcdwatch.Stream, *ws.Stream) {
+// BenchmarkDeliver has it, and the server.
+func benchStream(b *testing.B, opts ...etcdwatch.Option) (*etcdwatch.Stream, *ws.Server) {
 	server := ws.Start(b)
 	s, err := etcdwatch.Open(server.Dial(b), opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
-	return s, server.Accept(b)
+	server.Accept(b) // the main stream, which the view does not use
+	return s, server
 }
 
 // BenchmarkViewApply measures the path from a received response into a View
@@ -34,7 +35,7 @@ func BenchmarkViewApply(b *testing.B) {
 	for _, per := range []int{1, 100} {
 		b.Run(fmt.Sprintf("events=%d", per), func(b *testing.B) {
 			// No pauses: the scripted server does not re-create watches.
-			s, srv := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
+			s, server := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
 			res := make(chan *view.View[[]byte], 1)
 			go func() {
 				// History enough for a subscriber scheduled late: at millions of events
@@ -45,8 +46,11 @@ func BenchmarkViewApply(b *testing.B) {
 				}
 				res <- v
 			}()
+			srv := server.Accept(b) // the isolated watches' stream, which the view's opens
 			c := srv.RecvCreate(b)
 			srv.Send(b, ws.Created(c.WatchId, 1))
+			srv.Recv(b) // the progress request New makes once its watch is confirmed
+			srv.Send(b, ws.Progress(-1, 1))
 			v := <-res
 			b.Cleanup(func() { v.Close() })
 			sub := v.Subscribe(context.Background(), 1)

@@ -236,16 +236,20 @@ func (r *runner[T]) move(f freshness) bool {
 // hold holds the changes the view has just applied, up to its revision,
 // for publication, as a step from the last held or published one; or, for
 // a view that moved on without changes, a progress batch, at most every
-// progressGap. It reports whether the pacer wants them published now.
+// progressGap. It reports whether to publish now: when the pacer says, or
+// at once for a view that moved without changes (a bookmark, which a Sync
+// or WaitForRevision may be waiting for, and which comes at the rate
+// progress is asked for, not at the rate of writes).
 func (r *runner[T]) hold(held *unpublished[T], changes []Change[T]) bool {
 	now := time.Now()
-	switch {
-	case len(changes) > 0:
-		held.add(Batch[T]{Kind: Events, From: r.from, Revision: r.rev, Changes: changes})
-		r.from = r.rev
-	case r.rev > r.from && held.moved(r.from, r.rev, now):
-		r.from = r.rev
+	if len(changes) == 0 {
+		if r.rev > r.from && held.moved(r.from, r.rev, now) {
+			r.from = r.rev
+		}
+		return true
 	}
+	held.add(Batch[T]{Kind: Events, From: r.from, Revision: r.rev, Changes: changes})
+	r.from = r.rev
 	return held.paced(now)
 }
 

@@ -119,6 +119,23 @@ func (c *core[T]) freshen(ctx context.Context) (int64, error) {
 	return c.freshenByRead(ctx)
 }
 
+// settle waits, for at most progressWait, until the server answers a
+// progress request for the view's new watch. etcd holds a watch created at
+// its current revision apart until its next sync of new watches (every
+// 100ms), and answers no progress request on its stream meanwhile: a view
+// that returns from New once it is answered answers its first Sync in a
+// round trip, not after that sync.
+func (c *core[T]) settle(ctx context.Context) {
+	if c.noAsk.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, progressWait)
+	defer cancel()
+	if _, err := c.progress(ctx); errors.Is(err, etcdwatch.ErrProgressUnsupported) {
+		c.noAsk.Store(true)
+	}
+}
+
 // progress asks for progress on the view's current watch; a watch that
 // ends meanwhile (a relist) is replaced by the next.
 func (c *core[T]) progress(ctx context.Context) (int64, error) {

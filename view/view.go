@@ -78,6 +78,7 @@ func New[T any](ctx context.Context, src Source, r etcdwatch.Request, decode Dec
 			v.Close()
 			return nil, err
 		}
+		c.settle(ctx)
 		return v, nil
 	case <-ctx.Done():
 		v.Close()

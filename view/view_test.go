@@ -114,11 +114,23 @@ func openView[T any](h *harness, decode view.Decoder[T], opts ...view.Option) *v
 	vh := &viewHarness[T]{harness: h, kv: h.server.KV()}
 	res := newViewAsync(h, etcdwatch.Prefix("v/"), decode, opts...)
 	vh.confirm()
+	h.settle()
 	r := recv(h.t, res, "view.New")
 	require.NoError(h.t, r.err)
 	vh.v = r.v
 	h.t.Cleanup(func() { r.v.Close() })
 	return vh
+}
+
+// settle answers the progress request view.New makes once its watch is
+// confirmed (none on a release whose progress answers are unsafe).
+func (h *harness) settle() {
+	h.t.Helper()
+	if h.server.Release() == "3.4.23" {
+		return
+	}
+	require.NotNil(h.t, h.isolated().Recv(h.t).GetProgressRequest(), "view.New did not ask for progress on its watch")
+	h.srv.Send(h.t, ws.Progress(-1, h.server.KV().Revision()))
 }
 
 // confirm answers the view's next create, checking it starts at the KV's

@@ -27,7 +27,7 @@ import (
 
 var (
 	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply", "workloads to run, comma-separated")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply,fresh,starve", "workloads to run, comma-separated")
 	createN        = flag.Int("create", 10000, "create: watches to open")
 	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
 	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
@@ -124,6 +124,11 @@ func main() {
 			metrics: []string{"seconds", "changes", "sync_seconds"}},
 		{name: "viewapply", together: runViewApply, names: viewApplyNames, ratios: viewApplyRatios, reps: viewRepsAtLeast3(),
 			metrics: []string{"events_per_s", "cpu_us_per_event", "lag_ms", "writer_events_per_s"}},
+		// Freshness of a view of a range nobody writes; see fresh.go.
+		{name: "fresh", together: runFresh, names: freshNames, ratios: freshRatios,
+			metrics: []string{"wait_p50_ms", "wait_p99_ms", "wait_max_ms", "sync_p50_ms", "sync_p99_ms", "sync_max_ms"}},
+		{name: "starve", together: runStarve, names: starveNames, ratios: starveRatios,
+			metrics: []string{"sync_p50_ms", "sync_p99_ms", "sync_max_ms", "syncs", "during_catch_up"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

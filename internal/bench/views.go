@@ -296,7 +296,7 @@ func valueOf(med map[string]map[string]float64, c, m string) string {
 	if !ok {
 		return "n/a"
 	}
-	return fmt.Sprintf("%.0f", x)
+	return fmt.Sprintf("%.3g", x)
 }
 
 // runViewRelist runs viewRelistChild once, in a process of its own.

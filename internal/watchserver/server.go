@@ -28,6 +28,7 @@ const Timeout = 10 * time.Second
 // Server is a scripted Watch service. Start one per test.
 type Server struct {
 	pb.UnimplementedWatchServer
+	release string // what the Maintenance Status RPC reports; "" for none
 	lis     *bufconn.Listener
 	srv     *grpc.Server
 	streams chan *Stream
@@ -49,6 +50,9 @@ func (m maintenance) Status(context.Context, *pb.StatusRequest) (*pb.StatusRespo
 	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1}, Version: m.version}, nil
 }
 
+// Release returns the release the server reports, "" for none.
+func (s *Server) Release() string { return s.release }
+
 // StartRelease serves a new Server that reports version (such as "3.4.23")
 // to the Maintenance Status RPC.
 func StartRelease(t testing.TB, version string) *Server {
@@ -60,6 +64,7 @@ func Start(t testing.TB) *Server { return start(t, "") }
 
 func start(t testing.TB, version string) *Server {
 	s := &Server{
+		release: version,
 		lis:     bufconn.Listen(1 << 20),
 		srv:     grpc.NewServer(),
 		streams: make(chan *Stream, 16),
