@@ -11,6 +11,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/view"
@@ -43,6 +44,7 @@ var (
 type freshLoop struct {
 	cli    *clientv3.Client
 	prefix string
+	md     context.Context // whose metadata picks the watch's gRPC stream, for RequestProgress
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -75,7 +77,7 @@ func startLoop(ctx context.Context, cli *clientv3.Client, prefix string) (*fresh
 	if err != nil {
 		return nil, err
 	}
-	l := &freshLoop{cli: cli, prefix: prefix, done: make(chan struct{}), rev: resp.Header.Revision, changed: make(chan struct{})}
+	l := &freshLoop{cli: cli, prefix: prefix, md: ctx, done: make(chan struct{}), rev: resp.Header.Revision, changed: make(chan struct{})}
 	ctx, l.cancel = context.WithCancel(ctx)
 	ch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithProgressNotify())
 	go func() { // ends with the loop's ctx
@@ -103,7 +105,8 @@ func (l *freshLoop) waitFor(ctx context.Context, rev int64) error {
 		if at >= rev {
 			return nil
 		}
-		if err := l.cli.RequestProgress(ctx); err != nil {
+		// On the watch's own gRPC stream: clientv3 picks it by metadata.
+		if err := l.cli.RequestProgress(metadataOf(l.md, ctx)); err != nil {
 			return err
 		}
 		retry := time.NewTimer(250 * time.Millisecond)
@@ -122,6 +125,14 @@ func (l *freshLoop) waitFor(ctx context.Context, rev int64) error {
 			}
 		}
 	}
+}
+
+// metadataOf returns ctx carrying md's outgoing gRPC metadata.
+func metadataOf(md, ctx context.Context) context.Context {
+	if m, ok := metadata.FromOutgoingContext(md); ok {
+		return metadata.NewOutgoingContext(ctx, m)
+	}
+	return ctx
 }
 
 // sync is the loop's read of its own writes: a linearizable read's
@@ -296,7 +307,7 @@ func writeBacklog(kv *clientv3.Client) (int64, error) {
 // done or the neighbour has caught up, whichever comes first; caught
 // says which.
 func runStarve(_ []contender, rep int) (map[string]result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	kv, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdEndpoint}})
 	if err != nil {
@@ -391,7 +402,7 @@ func starveOne(ctx context.Context, kv *clientv3.Client, name string, from int64
 	}
 	var ds []time.Duration
 	for i := 0; i < *freshN && !caughtUp.Load(); i++ {
-		if _, err := kv.Put(ctx, prefix+"../elsewhere", "x"); err != nil {
+		if _, err := kv.Put(ctx, "bench/starve-elsewhere", "x"); err != nil { // outside every idle prefix
 			return nil, err
 		}
 		start := time.Now()
