@@ -30,7 +30,7 @@
 //	etcdwatch_watches_moved_total             counter  Stats.Moved: watches re-created on a new stream after a reconnect
 //	etcdwatch_ids_rewritten                   gauge    Stats.IDsRewritten: 1 if the server chose its own watch ids (a gRPC proxy)
 //	etcdwatch_last_message_timestamp_seconds  gauge    Stats.LastMessage, Unix time; absent before the first response
-//	etcdwatch_connected                       gauge    State.Connected: 1 while a Watch stream is open
+//	etcdwatch_connected                       gauge    State.Connected: 1 while the server answers on the Watch stream
 //	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
 //	etcdwatch_last_error_timestamp_seconds    gauge    State.LastErrorAt, Unix time; absent before the first error
 //
@@ -128,7 +128,7 @@ func New(name string, src Source) *Collector {
 		moved:        desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
 		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
 		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
-		connected:    desc("connected", "1 while a Watch stream is open, else 0."),
+		connected:    desc("connected", "1 while the server answers on the Watch stream (State.Connected), else 0."),
 		stateSince:   desc("state_since_timestamp_seconds", "When etcdwatch_connected last changed, in Unix time."),
 		lastErrorAt:  desc("last_error_timestamp_seconds", "When the last error ended a Watch stream or kept one from opening, in Unix time."),
 	}
@@ -154,33 +154,28 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st := c.src.Stats()
 	state := c.src.State()
-	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
-	}
-	counter := func(d *prometheus.Desc, v uint64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
-	}
-	gauge(c.watches, float64(st.Watches))
-	gauge(c.paused, float64(st.Paused))
-	counter(c.creates, st.Created)
-	counter(c.stalls, st.Stalls)
-	counter(c.pauses, st.Pauses)
-	counter(c.resumes, st.Resumes)
-	counter(c.responses, st.Responses)
-	counter(c.events, st.Events)
-	counter(c.fragments, st.Fragments)
-	counter(c.duplicates, st.DuplicatesDropped)
-	counter(c.unknown, st.UnknownResponses)
-	counter(c.reconnects, st.Reconnects)
-	counter(c.moved, st.Moved)
-	gauge(c.idsRewritten, boolValue(st.IDsRewritten))
+	out := sender(ch)
+	out.gauge(c.watches, float64(st.Watches))
+	out.gauge(c.paused, float64(st.Paused))
+	out.counter(c.creates, st.Created)
+	out.counter(c.stalls, st.Stalls)
+	out.counter(c.pauses, st.Pauses)
+	out.counter(c.resumes, st.Resumes)
+	out.counter(c.responses, st.Responses)
+	out.counter(c.events, st.Events)
+	out.counter(c.fragments, st.Fragments)
+	out.counter(c.duplicates, st.DuplicatesDropped)
+	out.counter(c.unknown, st.UnknownResponses)
+	out.counter(c.reconnects, st.Reconnects)
+	out.counter(c.moved, st.Moved)
+	out.gauge(c.idsRewritten, boolValue(st.IDsRewritten))
 	if !st.LastMessage.IsZero() {
-		gauge(c.lastMessage, unixSeconds(st.LastMessage))
+		out.gauge(c.lastMessage, unixSeconds(st.LastMessage))
 	}
-	gauge(c.connected, boolValue(state.Connected))
-	gauge(c.stateSince, unixSeconds(state.Since))
+	out.gauge(c.connected, boolValue(state.Connected))
+	out.gauge(c.stateSince, unixSeconds(state.Since))
 	if !state.LastErrorAt.IsZero() {
-		gauge(c.lastErrorAt, unixSeconds(state.LastErrorAt))
+		out.gauge(c.lastErrorAt, unixSeconds(state.LastErrorAt))
 	}
 }
 
@@ -193,3 +188,14 @@ func boolValue(b bool) float64 {
 
 // unixSeconds is t in Unix seconds, with its fraction.
 func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+
+// sender sends the metrics of one Collect.
+type sender chan<- prometheus.Metric
+
+func (s sender) gauge(d *prometheus.Desc, v float64) {
+	s <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+}
+
+func (s sender) counter(d *prometheus.Desc, v uint64) {
+	s <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+}

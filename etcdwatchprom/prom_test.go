@@ -47,7 +47,7 @@ func TestEveryField(t *testing.T) {
 		},
 	}
 	want := `
-# HELP etcdwatch_connected 1 while a Watch stream is open, else 0.
+# HELP etcdwatch_connected 1 while the server answers on the Watch stream (State.Connected), else 0.
 # TYPE etcdwatch_connected gauge
 etcdwatch_connected{stream="s"} 1
 # HELP etcdwatch_creates_total Created responses accepted from the server, resumes included.
@@ -189,7 +189,7 @@ func TestValuesMove(t *testing.T) {
 # HELP etcdwatch_watches Watches running now: creating, active or paused.
 # TYPE etcdwatch_watches gauge
 etcdwatch_watches{stream="main"} 1
-# HELP etcdwatch_connected 1 while a Watch stream is open, else 0.
+# HELP etcdwatch_connected 1 while the server answers on the Watch stream (State.Connected), else 0.
 # TYPE etcdwatch_connected gauge
 etcdwatch_connected{stream="main"} 1
 # HELP etcdwatch_creates_total Created responses accepted from the server, resumes included.

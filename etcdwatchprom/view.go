@@ -68,21 +68,16 @@ func (c *ViewCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads the view's Stats once and sends them as metrics.
 func (c *ViewCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.src.Stats()
-	gauge := func(d *prometheus.Desc, v float64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
-	}
-	counter := func(d *prometheus.Desc, v uint64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
-	}
-	gauge(c.keys, float64(st.Keys))
-	gauge(c.bytes, float64(st.Bytes))
-	gauge(c.revision, float64(st.Revision))
-	gauge(c.lag, float64(st.Lag))
-	counter(c.relists, st.Relists)
-	counter(c.resyncs, st.Resyncs)
-	counter(c.decodeErrors, st.DecodeErrors)
-	counter(c.checks, st.IntegrityChecks)
-	counter(c.mismatches, st.IntegrityMismatches)
-	gauge(c.subscribers, float64(st.Subscribers))
-	gauge(c.historyBytes, float64(st.HistoryBytes))
+	out := sender(ch)
+	out.gauge(c.keys, float64(st.Keys))
+	out.gauge(c.bytes, float64(st.Bytes))
+	out.gauge(c.revision, float64(st.Revision))
+	out.gauge(c.lag, float64(st.Lag))
+	out.counter(c.relists, st.Relists)
+	out.counter(c.resyncs, st.Resyncs)
+	out.counter(c.decodeErrors, st.DecodeErrors)
+	out.counter(c.checks, st.IntegrityChecks)
+	out.counter(c.mismatches, st.IntegrityMismatches)
+	out.gauge(c.subscribers, float64(st.Subscribers))
+	out.gauge(c.historyBytes, float64(st.HistoryBytes))
 }
