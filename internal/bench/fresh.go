@@ -195,7 +195,7 @@ func runFresh(_ []contender, rep int) (map[string]result, error) {
 			}
 			wait, sync, stop = func(rev int64) error { return l.waitFor(ctx, rev) }, func(int64) error { return l.sync(ctx) }, l.stop
 		case "view":
-			v, closeView, err := openIdleView(ctx, prefix)
+			v, _, closeView, err := openIdleView(ctx, prefix)
 			if err != nil {
 				return nil, err
 			}
@@ -217,24 +217,24 @@ func runFresh(_ []contender, rep int) (map[string]result, error) {
 }
 
 // openIdleView opens a Stream and a view of prefix on a connection of its
-// own, with an open gRPC stream.
-func openIdleView(ctx context.Context, prefix string) (*view.View[[]byte], func(), error) {
+// own, and returns them and what closes them.
+func openIdleView(ctx context.Context, prefix string) (*view.View[[]byte], *etcdwatch.Stream, func(), error) {
 	conn, err := viewDial(etcdEndpoint)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	s, err := etcdwatch.Open(conn)
 	if err != nil {
 		conn.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	v, err := view.New(ctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
 	if err != nil {
 		s.Close()
 		conn.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return v, func() { v.Close(); s.Close(); conn.Close() }, nil
+	return v, s, func() { v.Close(); s.Close(); conn.Close() }, nil
 }
 
 // rotate returns names from the rep-th on, so that the order of the
@@ -371,21 +371,11 @@ func starveOne(ctx context.Context, kv *clientv3.Client, name string, from int64
 		}()
 		sync = func() error { return l.sync(ctx) }
 	case "view":
-		conn, err := viewDial(etcdEndpoint)
+		v, s, closeView, err := openIdleView(ctx, prefix)
 		if err != nil {
 			return nil, err
 		}
-		stop = append(stop, func() { conn.Close() })
-		s, err := etcdwatch.Open(conn)
-		if err != nil {
-			return nil, err
-		}
-		stop = append(stop, func() { s.Close() })
-		v, err := view.New(ctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes)
-		if err != nil {
-			return nil, err
-		}
-		stop = append(stop, func() { v.Close() })
+		stop = append(stop, closeView)
 		w, err := s.Watch(ctx, etcdwatch.Prefix("bench/starve/").FromRevision(from))
 		if err != nil {
 			return nil, err
