@@ -54,7 +54,10 @@ func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
 // harnessOn opens a Stream on server, closed when the test ends.
 func harnessOn(t *testing.T, server *ws.Server, opts ...etcdwatch.Option) *harness {
 	t.Helper()
-	s, err := etcdwatch.Open(server.Dial(t), opts...)
+	// A progress request is asked again only where a test says so: the
+	// scripted server answers when the test does, and a request asked
+	// again meanwhile (after 10ms) would stand among the ones it expects.
+	s, err := etcdwatch.Open(server.Dial(t), append([]etcdwatch.Option{etcdwatch.WithProgressRetry(time.Hour)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return &harness{t: t, s: s, server: server, main: server.Accept(t)}
