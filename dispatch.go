@@ -65,7 +65,7 @@ func newDispatcher(l *lane, open opener) *dispatcher {
 		frags:      make(map[*Watch][]Event),
 		ctxs:       make(map[<-chan struct{}]*ctxGroup),
 		nextID:     firstWatchID - 1,
-		progress:   progressState{retry: progressRetry{max: s.opts.progressRetry}},
+		progress:   progressState{retry: progressRetry{first: s.opts.progressRetryMin, max: s.opts.progressRetry}},
 		stall:      stall{max: s.opts.stallBudget},
 		backoff:    backoff{min: s.opts.backoffMin, max: s.opts.backoffMax},
 		live:       liveness{idle: s.opts.livenessIdle, timeout: s.opts.livenessTimeout},

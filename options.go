@@ -23,6 +23,7 @@ type options struct {
 	requireLeader                 bool
 	bufferLimit, bufferBytes      int
 	stallBudget                   time.Duration
+	progressRetryMin              time.Duration
 	progressRetry                 time.Duration
 	createTimeout                 time.Duration
 	logger                        *slog.Logger
@@ -34,17 +35,18 @@ type options struct {
 
 func defaultOptions() options {
 	return options{
-		bufferLimit:     1024,
-		bufferBytes:     16 << 20,
-		stallBudget:     100 * time.Millisecond,
-		progressRetry:   250 * time.Millisecond,
-		backoffMin:      100 * time.Millisecond,
-		backoffMax:      5 * time.Second,
-		connectRetry:    100 * time.Millisecond,
-		livenessIdle:    30 * time.Second,
-		livenessTimeout: 10 * time.Second,
-		logger:          slog.New(slog.DiscardHandler),
-		clock:           clock.Real,
+		bufferLimit:      1024,
+		bufferBytes:      16 << 20,
+		stallBudget:      100 * time.Millisecond,
+		progressRetryMin: 10 * time.Millisecond,
+		progressRetry:    250 * time.Millisecond,
+		backoffMin:       100 * time.Millisecond,
+		backoffMax:       5 * time.Second,
+		connectRetry:     100 * time.Millisecond,
+		livenessIdle:     30 * time.Second,
+		livenessTimeout:  10 * time.Second,
+		logger:           slog.New(slog.DiscardHandler),
+		clock:            clock.Real,
 	}
 }
 
@@ -79,13 +81,16 @@ func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stall
 // could not). Default 0: no bound but the context's; at least 0.
 func WithCreateTimeout(d time.Duration) Option { return func(o *options) { o.createTimeout = d } }
 
-// WithProgressRetry sets the longest RequestProgress waits for an answer
+// WithProgressRetry sets how long RequestProgress waits for an answer
 // before asking again: etcd 3.5.13 and later stay silent while any watch on
-// the stream is catching up. A request is first asked again after 10ms,
-// then after twice as long each time, up to d, so that an answer held back
-// only until etcd's next sync of new watches (every 100ms) comes soon
-// after it. Default 250ms; at least 1ms.
-func WithProgressRetry(d time.Duration) Option { return func(o *options) { o.progressRetry = d } }
+// the stream is catching up. A request is first asked again after min,
+// then after twice as long each time, up to max, so that an answer held
+// back only until etcd's next sync of new watches (every 100ms) comes soon
+// after it, and a stream held up for long is asked every max. Default
+// 10ms and 250ms; 1ms <= min <= max.
+func WithProgressRetry(min, max time.Duration) Option {
+	return func(o *options) { o.progressRetryMin, o.progressRetry = min, max }
+}
 
 // WithLogger sets the logger for stream-level events (stream failures,
 // dropped responses, pauses). Default: discard. A nil logger is invalid.
@@ -169,8 +174,8 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: WithStallBudget(%v) must be at least 0", ErrInvalidArgument, o.stallBudget)
 	case o.createTimeout < 0:
 		return fmt.Errorf("%w: WithCreateTimeout(%v) must be at least 0", ErrInvalidArgument, o.createTimeout)
-	case o.progressRetry < time.Millisecond:
-		return fmt.Errorf("%w: WithProgressRetry(%v) must be at least 1ms", ErrInvalidArgument, o.progressRetry)
+	case o.progressRetryMin < time.Millisecond || o.progressRetry < o.progressRetryMin:
+		return fmt.Errorf("%w: WithProgressRetry(%v, %v) needs 1ms <= min <= max", ErrInvalidArgument, o.progressRetryMin, o.progressRetry)
 	case o.backoffMin <= 0 || o.backoffMax < o.backoffMin:
 		return fmt.Errorf("%w: WithReconnectBackoff(%v, %v) needs 0 < min <= max", ErrInvalidArgument, o.backoffMin, o.backoffMax)
 	case o.connectRetry < 0:

@@ -105,26 +105,27 @@ func TestUnmatchable(t *testing.T) {
 }
 
 // TestProgressRetry: an unanswered progress request is asked again after
-// 10ms, then twice as long each time up to the maximum; an answer starts
-// the series again; a maximum below 10ms is the only delay.
+// the first delay, then twice as long each time up to the maximum; an
+// answer starts the series again.
 func TestProgressRetry(t *testing.T) {
 	const ms = time.Millisecond
 	for _, tc := range []struct {
-		max  time.Duration
-		want []time.Duration
+		first, max time.Duration
+		want       []time.Duration
 	}{
-		{250 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, 250 * ms, 250 * ms}},
-		{100 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 100 * ms}},
-		{5 * ms, []time.Duration{5 * ms, 5 * ms}},
+		{10 * ms, 250 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, 250 * ms, 250 * ms}},
+		{10 * ms, 100 * ms, []time.Duration{10 * ms, 20 * ms, 40 * ms, 80 * ms, 100 * ms}},
+		{5 * ms, 5 * ms, []time.Duration{5 * ms, 5 * ms}},
+		{time.Hour, time.Hour, []time.Duration{time.Hour, time.Hour}},
 	} {
-		r := progressRetry{max: tc.max}
+		r := progressRetry{first: tc.first, max: tc.max}
 		for i, want := range tc.want {
 			if got := r.next(); got != want {
 				t.Errorf("max %v, request %d: %v, want %v", tc.max, i, got, want)
 			}
 		}
 		r.reset()
-		if got := r.next(); got != min(progressFirstRetry, tc.max) {
+		if got := r.next(); got != tc.first {
 			t.Errorf("max %v: after an answer %v, want the series to start again", tc.max, got)
 		}
 	}

@@ -122,27 +122,23 @@ func (d *dispatcher) sendProgress() {
 	p.Reset(d.clock, p.retry.next())
 }
 
-// progressFirstRetry is how long the first progress request of a series
-// goes unanswered before it is asked again.
-const progressFirstRetry = 10 * time.Millisecond
-
 // progressRetry is the policy for asking again for progress the server
 // has not answered: etcd 3.5.13 and later answer only once every watch on
 // the stream is synced, and sync watchers every 100ms, so a stream with a
 // watch just created or resumed is answered at the next sync. The first
-// request of a series is repeated after progressFirstRetry, each next
-// after twice as long, up to max (WithProgressRetry), so that such an
-// answer comes a moment after that sync, and a stream held up for long
-// (a watch catching up, or waiting for a future revision) is asked at max.
-// An answer starts a new series. Owned by the dispatcher.
+// request of a series is repeated after first, each next after twice as
+// long, up to max (WithProgressRetry), so that such an answer comes a
+// moment after that sync, and a stream held up for long (a watch catching
+// up, or waiting for a future revision) is asked every max. An answer
+// starts a new series. Owned by the dispatcher.
 type progressRetry struct {
-	max  time.Duration
-	last time.Duration // the delay before the last request was repeated; 0 at the start of a series
+	first, max time.Duration
+	last       time.Duration // the delay before the last request was repeated; 0 at the start of a series
 }
 
 // next returns how long to wait for an answer to the request being sent.
 func (r *progressRetry) next() time.Duration {
-	r.last = min(max(2*r.last, progressFirstRetry), r.max)
+	r.last = min(max(2*r.last, r.first), r.max)
 	return r.last
 }
 

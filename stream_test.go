@@ -42,7 +42,7 @@ func newHarness(t *testing.T, opts ...etcdwatch.Option) *harness {
 	// A progress request is asked again only where a test says so: the
 	// scripted server answers when the test does, and a request asked
 	// again meanwhile (after 10ms) would stand among the ones it expects.
-	defaults := []etcdwatch.Option{etcdwatch.WithObserver(obs), etcdwatch.WithProgressRetry(time.Hour)}
+	defaults := []etcdwatch.Option{etcdwatch.WithObserver(obs), etcdwatch.WithProgressRetry(time.Hour, time.Hour)}
 	s, err := etcdwatch.Open(server.Dial(t), append(defaults, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
@@ -387,7 +387,7 @@ func TestEarlyRefusalOfPipelinedCreates(t *testing.T) {
 // TestRequestProgressIgnoresOldAnswers: an answer below what the stream had
 // already seen when the call began is an answer to an older request.
 func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithProgressRetry(time.Hour))
+	h := newHarness(t, etcdwatch.WithProgressRetry(time.Hour, time.Hour))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 50, ws.Put("a", "v", 50)))
 	next(t, w)
@@ -405,7 +405,7 @@ func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
 // watches, so a waiting call must not wait for ever.
 func TestRequestProgressWhenLastWatchGoes(t *testing.T) {
 	clk := clock.NewFake()
-	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond))
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond, 5*time.Millisecond))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
@@ -523,7 +523,7 @@ func TestStreamProgressReachesEveryWatch(t *testing.T) {
 // watch catches up; the client must ask again until answered.
 func TestRequestProgressAsksAgain(t *testing.T) {
 	clk := clock.NewFake()
-	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(10*time.Millisecond))
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(10*time.Millisecond, 10*time.Millisecond))
 	h.watch(etcdwatch.Key("a"), 1)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())

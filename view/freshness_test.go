@@ -177,3 +177,26 @@ func TestStatsOfSharedViews(t *testing.T) {
 	require.Equal(t, 1, other.Stats().Subscribers)
 	require.Equal(t, vh.v.Stats().Revision, other.Stats().Revision)
 }
+
+// TestSyncDoesNotTakeALateAnswer: answers to progress requests cannot be
+// matched to them, and a request asked before Sync was called may be
+// answered after it, with a revision below a write made before the call.
+// Sync reads the store's revision first, so such an answer does not end
+// it: the view reaches the write.
+func TestSyncDoesNotTakeALateAnswer(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	vh := openView(h, view.DecodeBytes)
+	early := kv.Revision()
+	ev := kv.PutEvent("v/a", "1") // the write, made before Sync
+	done := callAsync(func() error { return vh.v.Sync(context.Background()) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest(), "Sync did not ask")
+	// An answer at the revision before the write: what a request asked
+	// before the call, answered late, would carry.
+	vh.srv.Send(t, ws.Progress(-1, early))
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision(), ev))
+	vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	require.NoError(t, recv(t, done, "Sync"))
+	_, ok := vh.v.Get("v/a")
+	require.True(t, ok, "Sync took the late answer and returned before the write")
+}

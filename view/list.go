@@ -147,6 +147,17 @@ func (l *lister) fresh(ctx context.Context) (freshness, error) {
 	return f, nil
 }
 
+// revision reads the store's revision now with one linearizable Range of
+// the range's first key alone, counting it without sending it: the
+// cheapest read whose header has the revision.
+func (l *lister) revision(ctx context.Context) (int64, error) {
+	r, err := l.kv.Range(ctx, &pb.RangeRequest{Key: l.key, Limit: 1, CountOnly: true}, l.call...)
+	if err != nil {
+		return 0, err
+	}
+	return r.GetHeader().GetRevision(), nil
+}
+
 // listRetryable reports whether a failed listing may succeed if tried again:
 // anything but a refusal of the caller or of the request. A revision
 // compacted during a paged listing (OutOfRange) is retried at a newer one.

@@ -58,12 +58,25 @@ const progressWait = time.Second
 // not reached the revision it waits for.
 const waitCadence = 100 * time.Millisecond
 
+// sync reads the store's revision now, linearizably, and waits until the
+// view has reached it. A progress answer alone would not do: it is not
+// known which request it answers, and one asked before Sync was called
+// (a request is asked again when no answer comes soon) may come late,
+// with a revision below a write made before the call. Where progress is
+// unsafe, the read that stands in for it is all it takes.
 func (c *core[T]) sync(ctx context.Context) error {
-	rev, err := c.freshen(ctx)
-	if err != nil {
-		return err
+	if c.noAsk.Load() {
+		rev, err := c.freshenByRead(ctx)
+		if err != nil {
+			return err
+		}
+		return c.await(ctx, atLeast[T](rev))
 	}
-	return c.await(ctx, atLeast[T](rev))
+	rev, err := c.reads.revision(ctx)
+	if err != nil {
+		return &readError{"reading the store's revision for Sync", err}
+	}
+	return c.waitFor(ctx, rev)
 }
 
 // waitFor waits until the view has applied every change up to rev, asking

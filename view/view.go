@@ -200,10 +200,11 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 // its range made when Sync was called: every change made before the call
 // is then in the view, and Revision is at least that read's revision.
 //
-// It asks for progress on the view's watch, which is isolated
+// It reads the store's revision with one linearizable Range of a single
+// key (counted, not sent), then waits as WaitForRevision does, asking for
+// progress on the view's watch, which is isolated
 // (etcdwatch.Request.Isolated), so that no other watch of the Source can
-// hold the answer up, and waits for the view to reach the revision the
-// server answered. Where progress requests are unsafe (etcd 3.4.0-3.4.24
+// hold the answer up. Where progress requests are unsafe (etcd 3.4.0-3.4.24
 // and 3.5.0-3.5.7, see etcdwatch.ErrProgressUnsupported), or go unanswered
 // for a second (etcd's gRPC proxy drops them), it makes one linearizable
 // Range of the range instead, sorted by revision and without values,

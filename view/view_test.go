@@ -57,7 +57,7 @@ func harnessOn(t *testing.T, server *ws.Server, opts ...etcdwatch.Option) *harne
 	// A progress request is asked again only where a test says so: the
 	// scripted server answers when the test does, and a request asked
 	// again meanwhile (after 10ms) would stand among the ones it expects.
-	s, err := etcdwatch.Open(server.Dial(t), append([]etcdwatch.Option{etcdwatch.WithProgressRetry(time.Hour)}, opts...)...)
+	s, err := etcdwatch.Open(server.Dial(t), append([]etcdwatch.Option{etcdwatch.WithProgressRetry(time.Hour, time.Hour)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return &harness{t: t, s: s, server: server, main: server.Accept(t)}
