@@ -30,6 +30,7 @@ type core[T any] struct {
 	snap  atomic.Pointer[Snapshot[T]]
 	hist  history[T]
 	stats counters
+	warm  warm[T] // warm restarts: what the state was restored from, and saving (warm.go, save.go)
 
 	// The state's life. ctx ends it (the last View closed, the Source's
 	// Context ended, or a refusal); start closes done once every goroutine
@@ -162,6 +163,8 @@ func (c *core[T]) statsNow() Stats {
 		IntegrityMismatches: c.stats.mismatches.Load(),
 		Subscribers:         subs,
 		HistoryBytes:        held,
+		RestoreRefusals:     c.warm.refusals.Load(),
+		SaveFailures:        c.warm.saveFailures.Load(),
 	}
 }
 

@@ -23,7 +23,8 @@ type lister struct {
 	key, end []byte
 	page     int64
 	call     []grpc.CallOption
-	paged    bool // the server has no RangeStream: use pages
+	paged    bool   // the server has no RangeStream: use pages
+	cluster  uint64 // the cluster ID in the last listing's header, for saves (WithSave)
 }
 
 func newLister(src Source, key, end []byte, page int) *lister {
@@ -91,7 +92,7 @@ func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValu
 			}
 		}
 		if h := r.GetHeader(); h != nil {
-			rev = h.Revision
+			rev, l.cluster = h.Revision, h.ClusterId
 		}
 	}
 }
@@ -107,7 +108,7 @@ func (l *lister) pages(ctx context.Context, at listing, fn func(*mvccpb.KeyValue
 			return 0, err
 		}
 		if req.Revision == 0 {
-			req.Revision = r.GetHeader().GetRevision()
+			req.Revision, l.cluster = r.GetHeader().GetRevision(), r.GetHeader().GetClusterId()
 		}
 		for _, kv := range r.Kvs {
 			if err := fn(kv); err != nil {
