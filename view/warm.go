@@ -122,6 +122,10 @@ func (w *warm[T]) listed(l *lister) { w.cluster.Store(l.cluster) }
 // there is nothing to restore, when the saved state was refused, and when
 // its history was compacted (the loaded state is then published, and the
 // listing that follows reports the difference from it).
+//
+// Once the header is checked, the view watches and asks how far to catch
+// up while it reads the entries: etcd answers that only once the new watch
+// is synced, which its next 100 ms pass does.
 func (r *runner[T]) restore() (bool, error) {
 	w := &r.warm
 	if w.tried || (!r.opts.warm.fromSet && !r.opts.warm.pathSet) {
@@ -139,7 +143,16 @@ func (r *runner[T]) restore() (bool, error) {
 		return true, &listError{err}
 	}
 	w.tried = true
-	ld, err := r.load(cluster, current)
+	in, done, err := r.openSaved()
+	if err != nil {
+		r.refuse(err)
+		return false, nil
+	}
+	defer done()
+	sr, h, err := readHeader(in)
+	if err == nil {
+		err = r.check(h, cluster, current)
+	}
 	if err != nil {
 		r.refuse(err)
 		return false, nil
@@ -147,61 +160,80 @@ func (r *runner[T]) restore() (bool, error) {
 	// From the revision after the saved one; from the saved one itself when
 	// the store is still there, not to watch a future revision (see
 	// listAndWatch). Its events are skipped.
-	watch, err := r.src.Watch(r.ctx, r.req.FromRevision(min(ld.h.revision+1, current)))
+	watch, err := r.src.Watch(r.ctx, r.req.FromRevision(min(h.revision+1, current)))
 	if err != nil {
 		if relistRetryable(err) {
-			r.log.Info("etcdwatch: view could not watch from its saved state; listing instead", "revision", ld.h.revision, "err", err)
+			r.log.Info("etcdwatch: view could not watch from its saved state; listing instead", "revision", h.revision, "err", err)
 			return false, nil
 		}
 		return true, err
 	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	vouched := make(chan goal, 1)
+	r.tasks.Go(func() { // returns with the answer, or once restore has returned; start waits
+		if g := r.vouch(ctx); g != nil {
+			vouched <- *g
+		}
+	})
+	ld, err := r.load(sr, h)
+	if err != nil {
+		cancel()
+		watch.Cancel()
+		r.refuse(err)
+		return false, nil
+	}
 	w.cluster.Store(cluster)
-	w.restored = ld.h.revision
-	r.ed, r.raw, r.rev, r.bytes, r.w = ld.ed, ld.raw, ld.h.revision, ld.bytes, watch
+	w.restored = h.revision
+	r.ed, r.raw, r.rev, r.bytes, r.w = ld.ed, ld.raw, h.revision, ld.bytes, watch
 	r.hist.floor, r.from = r.rev, r.rev
 	r.publish()
-	return r.catchUp(ld.h.revision)
+	return r.catchUp(h.revision, vouched)
+}
+
+// openSaved opens the saved state given, and returns what closes it.
+func (r *runner[T]) openSaved() (io.Reader, func(), error) {
+	path := r.opts.warm.path
+	if path == "" {
+		return r.opts.warm.from, func() {}, nil
+	}
+	f, err := os.Open(path) // gone since restore looked: refused as any other failure to read it
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func() { f.Close() }, nil
+}
+
+// check compares a saved state's header with the view's range and the
+// server's cluster and revision.
+func (r *runner[T]) check(h stateHeader, cluster uint64, current int64) error {
+	switch {
+	case !bytes.Equal(h.key, r.req.Key) || !bytes.Equal(h.end, r.req.End):
+		return fmt.Errorf("%w: saved %s, the view's %s", ErrSavedRange,
+			etcdwatch.Request{Key: h.key, End: h.end}, etcdwatch.Request{Key: r.req.Key, End: r.req.End})
+	case h.cluster != cluster:
+		return fmt.Errorf("%w: saved from cluster %x, the Source reaches cluster %x", ErrSavedCluster, h.cluster, cluster)
+	case h.revision > current:
+		return fmt.Errorf("%w: saved at revision %d, the cluster is at %d (restored from a backup?)", ErrSavedAhead, h.revision, current)
+	}
+	return nil
 }
 
 // loaded is a saved state read, checked and decoded, not yet published.
 type loaded[T any] struct {
-	h     stateHeader
 	ed    *cow.Editor[*Entry[T]]
 	raw   raws
 	bytes int64
 }
 
-// load reads the saved state and checks it against the view's range and
-// the server's cluster and revision. The entries are decoded once they are
-// all read and the checksum holds.
-func (r *runner[T]) load(cluster uint64, current int64) (*loaded[T], error) {
-	in := r.opts.warm.from
-	if path := r.opts.warm.path; path != "" {
-		f, err := os.Open(path)
-		if err != nil { // gone since restore looked: refused as any other failure to read it
-			return nil, err
-		}
-		defer f.Close()
-		in = f
-	}
-	sr, h, err := readHeader(in)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case !bytes.Equal(h.key, r.req.Key) || !bytes.Equal(h.end, r.req.End):
-		return nil, fmt.Errorf("%w: saved %s, the view's %s", ErrSavedRange,
-			etcdwatch.Request{Key: h.key, End: h.end}, etcdwatch.Request{Key: r.req.Key, End: r.req.End})
-	case h.cluster != cluster:
-		return nil, fmt.Errorf("%w: saved from cluster %x, the Source reaches cluster %x", ErrSavedCluster, h.cluster, cluster)
-	case h.revision > current:
-		return nil, fmt.Errorf("%w: saved at revision %d, the cluster is at %d (restored from a backup?)", ErrSavedAhead, h.revision, current)
-	}
+// load reads the entries after h and decodes them, once they are all read
+// and the checksum holds.
+func (r *runner[T]) load(sr *stateReader, h stateHeader) (*loaded[T], error) {
 	entries := make([]savedEntry, 0, min(h.count, 1<<20))
 	if err := sr.readEntries(h, func(e savedEntry) { entries = append(entries, e) }); err != nil {
 		return nil, err
 	}
-	ld := &loaded[T]{h: h, ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
+	ld := &loaded[T]{ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
 	for i := range entries {
 		e := &entries[i]
 		en := r.entry(e.key, e.kv[:len(e.key):len(e.key)], e.value, e.create, e.mod, e.version, e.lease)
@@ -222,19 +254,12 @@ func (r *runner[T]) refuse(err error) {
 }
 
 // catchUp applies the watch's responses to the restored state until it has
-// every change up to a revision the server vouches for (vouch), and
-// publishes them as one batch from the saved revision (sinceSave). It
-// reports false, nil when the watch was compacted: the state at the saved
-// revision stays published, and a listing follows.
-func (r *runner[T]) catchUp(saved int64) (bool, error) {
-	ctx, cancel := context.WithCancel(r.ctx)
-	defer cancel()
-	vouched := make(chan goal, 1)
-	r.tasks.Go(func() { // returns with the answer, or when catchUp has returned; start waits
-		if g := r.vouch(ctx); g != nil {
-			vouched <- *g
-		}
-	})
+// every change up to a revision the server vouches for (vouch, whose
+// answer comes on vouched), and publishes them as one batch from the saved
+// revision (sinceSave). It reports false, nil when the watch was
+// compacted: the state at the saved revision stays published, and a
+// listing follows.
+func (r *runner[T]) catchUp(saved int64, vouched <-chan goal) (bool, error) {
 	var changes []Change[T]
 	var g *goal
 	for g == nil || !g.reached(r.rev, r.ed.Len()) {

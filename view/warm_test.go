@@ -315,31 +315,34 @@ func TestRestoreRefusals(t *testing.T) {
 		// file makes the saved state on h, whose KV holds v/a and
 		// v/stale; restore on the harness it returns.
 		file func(t *testing.T, h *harness) (restoreOn *harness, saved []byte)
+		// the entries are refused, not the header: the view has watched
+		// from the saved state meanwhile
+		entries bool
 	}{
-		"truncated": {view.ErrSavedCorrupt, func(t *testing.T, h *harness) (*harness, []byte) {
+		"truncated": {is: view.ErrSavedCorrupt, entries: true, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
-			return h, b[:len(b)/2]
+			return h, b[:len(b)-10] // in the last entry
 		}},
-		"corrupted": {view.ErrSavedCorrupt, func(t *testing.T, h *harness) (*harness, []byte) {
+		"corrupted": {is: view.ErrSavedCorrupt, entries: true, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
 			b[bytes.LastIndex(b, []byte("old"))] ^= 1 // "nld": a value the server never had
 			return h, b
 		}},
-		"another version": {view.ErrSavedVersion, func(t *testing.T, h *harness) (*harness, []byte) {
+		"another version": {is: view.ErrSavedVersion, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
 			return h, view.StateOfVersion(b, 2)
 		}},
-		"another range": {view.ErrSavedRange, func(t *testing.T, h *harness) (*harness, []byte) {
+		"another range": {is: view.ErrSavedRange, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/s"))
 			return h, b
 		}},
-		"another cluster": {view.ErrSavedCluster, func(t *testing.T, h *harness) (*harness, []byte) {
+		"another cluster": {is: view.ErrSavedCluster, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			h.server.KV().SetClusterID(2)
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
 			h.server.KV().SetClusterID(0)
 			return h, b
 		}},
-		"ahead of the cluster": {view.ErrSavedAhead, func(t *testing.T, h *harness) (*harness, []byte) {
+		"ahead of the cluster": {is: view.ErrSavedAhead, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			for range 5 {
 				h.server.KV().Put("w/elsewhere", "x")
 			}
@@ -365,7 +368,22 @@ func TestRestoreRefusals(t *testing.T) {
 			rkv.Put("v/b", "2")
 
 			var keys []string
-			vh := openView(restoreOn, decoded(&keys), view.WithStateFile(path, 0))
+			res := newViewAsync(restoreOn, etcdwatch.Prefix("v/"), decoded(&keys), view.WithStateFile(path, 0))
+			if c.entries { // its watch from the saved state, let go
+				cr := restoreOn.srv.RecvCreate(t)
+				restoreOn.srv.Send(t, ws.Created(cr.WatchId, rkv.Revision()))
+				req := restoreOn.srv.Recv(t)
+				for req.GetProgressRequest() != nil { // asked how far to catch up meanwhile
+					req = restoreOn.srv.Recv(t)
+				}
+				require.Equal(t, cr.WatchId, req.GetCancelRequest().GetWatchId(), "%v", req)
+			}
+			vh := &viewHarness[[]byte]{harness: restoreOn, kv: rkv}
+			vh.confirm()
+			r := recv(t, res, "view.New")
+			require.NoError(t, r.err)
+			vh.v = r.v
+			t.Cleanup(func() { r.v.Close() })
 			require.Equal(t, []string{"v/a", "v/b"}, viewKeys(vh.v), "the server's keys")
 			require.Equal(t, []string{"v/a", "v/b"}, keys, "no key of the refused state decoded")
 			require.Equal(t, rkv.Revision(), vh.v.Revision())
