@@ -283,14 +283,22 @@ func cutBytes(b []byte) (s, rest []byte, ok bool) {
 	return bytes.Clone(b[k : k+int(n)]), b[k+int(n):], true
 }
 
+// errStopped is readEntries' error when its fn asked it to stop.
+var errStopped = errors.New("etcdwatch/view: reading the saved state stopped")
+
 // readEntries reads the entries after h, checks each (in the range, in
 // ascending key order, revisions no later than h's) and the checksum, and
 // requires the input to end there. fn sees every entry before the checksum
-// is known: it must keep them aside until readEntries returns nil.
-func (sr *stateReader) readEntries(h stateHeader, fn func(savedEntry)) error {
+// is known: nothing it builds of them may be used until readEntries returns
+// nil. It returns errStopped once fn returns false.
+//
+// Each entry's kv is a buffer of its own; or, with lend, the reader's own
+// buffer, valid only until fn returns, for a caller that copies the few it
+// keeps (its key is a string of its own either way).
+func (sr *stateReader) readEntries(h stateHeader, lend bool, fn func(savedEntry) bool) error {
 	last := ""
 	for i := uint64(0); i < h.count; i++ {
-		e, err := sr.entry()
+		e, err := sr.entry(lend)
 		if err != nil {
 			return err
 		}
@@ -303,7 +311,9 @@ func (sr *stateReader) readEntries(h stateHeader, fn func(savedEntry)) error {
 			return corrupt("key %q: create %d, mod %d, version %d, lease %d at revision %d", e.key, e.create, e.mod, e.version, e.lease, h.revision)
 		}
 		last = e.key
-		fn(e)
+		if !fn(e) {
+			return errStopped
+		}
 	}
 	if !sr.fill(4) {
 		return sr.short("the checksum")
@@ -324,8 +334,9 @@ func (sr *stateReader) readEntries(h stateHeader, fn func(savedEntry)) error {
 	return nil
 }
 
-// entry reads one entry, its key and value in one buffer of its own.
-func (sr *stateReader) entry() (savedEntry, error) {
+// entry reads one entry, its key and value in one buffer: of its own, or
+// lent (see readEntries).
+func (sr *stateReader) entry(lend bool) (savedEntry, error) {
 	var e savedEntry
 	klen, err := sr.uvarint("a key's length")
 	if err != nil {
@@ -338,11 +349,20 @@ func (sr *stateReader) entry() (savedEntry, error) {
 	if klen > maxHeader || vlen > math.MaxInt-klen {
 		return e, corrupt("a key of %d bytes and a value of %d", klen, vlen)
 	}
-	// Sized as the entry says, up to the read-ahead: a length beyond what
-	// the input holds fails at its end, having allocated about what it held.
-	kv := make([]byte, 0, min(klen+vlen, readBuffer))
-	if kv, err = sr.appendN(kv, klen+vlen); err != nil {
-		return e, err
+	var kv []byte
+	if n := int(klen + vlen); lend {
+		if !sr.fill(n) { // the buffer grows with what comes, as for a large header
+			return e, sr.short("an entry")
+		}
+		kv = sr.buf[sr.pos : sr.pos+n]
+		sr.pos += n
+	} else {
+		// Sized as the entry says, up to the read-ahead: a length beyond what
+		// the input holds fails at its end, having allocated about what it held.
+		kv = make([]byte, 0, min(n, readBuffer))
+		if kv, err = sr.appendN(kv, uint64(n)); err != nil {
+			return e, err
+		}
 	}
 	e.kv = kv[:len(kv):len(kv)]
 	e.key, e.value = string(kv[:klen]), e.kv[klen:]

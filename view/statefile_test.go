@@ -33,12 +33,26 @@ func encodeState(t testing.TB, h stateHeader, es []savedEntry) []byte {
 
 // decodeState is the loader: readHeader, then readEntries.
 func decodeState(r io.Reader) (stateHeader, []savedEntry, error) {
+	return decodeLent(r, false)
+}
+
+// decodeLent is decodeState with entries lent by the reader when lend is
+// set, each copied at once (as relistSaved copies those it keeps).
+func decodeLent(r io.Reader, lend bool) (stateHeader, []savedEntry, error) {
 	sr, h, err := readHeader(r)
 	if err != nil {
 		return h, nil, err
 	}
 	var es []savedEntry
-	err = sr.readEntries(h, func(e savedEntry) { es = append(es, e) })
+	err = sr.readEntries(h, lend, func(e savedEntry) bool {
+		if lend {
+			kv := bytes.Clone(e.kv)
+			e.kv = kv[:len(kv):len(kv)]
+			e.value = e.kv[len(e.key):]
+		}
+		es = append(es, e)
+		return true
+	})
 	return h, es, err
 }
 
@@ -84,9 +98,10 @@ func TestStateRoundTrip(t *testing.T) {
 		"one byte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(file)) },
 		"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(file)) },
 		"data+EOF": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(file)) },
+		"lent":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(file)) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			got, ges, err := decodeState(r())
+			got, ges, err := decodeLent(r(), name == "lent")
 			require.NoError(t, err)
 			require.Equal(t, h.cluster, got.cluster)
 			require.Equal(t, h.revision, got.revision)
@@ -178,8 +193,10 @@ func TestStateLoaderRefuses(t *testing.T) {
 	small := encodeState(t, h, append(es[:3:3], es[4])) // every byte of it is tried
 	refused := func(t *testing.T, b []byte, is error, what string) {
 		t.Helper()
-		_, _, err := decodeState(bytes.NewReader(b))
-		require.ErrorIs(t, err, is, what)
+		for _, lend := range []bool{false, true} {
+			_, _, err := decodeLent(bytes.NewReader(b), lend)
+			require.ErrorIs(t, err, is, "%s (lent: %v)", what, lend)
+		}
 	}
 	// every position of small; in file, around the large value and its ends
 	positions := func(b []byte) []int {
@@ -293,9 +310,10 @@ func TestStateReadError(t *testing.T) {
 
 // FuzzLoad: the loader never panics, and whatever it accepts is exactly
 // what the writer writes for what it read (the form is canonical), with
-// keys ascending in the range and no change after the state's revision.
-// The inputs go in as they are and with their checksums made right, so
-// that the checks behind the checksums are reached.
+// keys ascending in the range and no change after the state's revision;
+// lending its buffer or not, it accepts and reads the same. The inputs go
+// in as they are and with their checksums made right, so that the checks
+// behind the checksums are reached.
 func FuzzLoad(f *testing.F) {
 	h, es := sampleState()
 	f.Add(encodeState(f, h, append(es[:3:3], es[4])), false) // small inputs: the fuzzer minimizes what it finds
@@ -307,6 +325,10 @@ func FuzzLoad(f *testing.F) {
 			b = resum(b)
 		}
 		h, es, err := decodeState(bytes.NewReader(b))
+		_, lent, lerr := decodeLent(bytes.NewReader(b), true)
+		if (err == nil) != (lerr == nil) || !sameEntries(es, lent) {
+			t.Fatalf("lent: %v, %d entries; copied: %v, %d entries", lerr, len(lent), err, len(es))
+		}
 		if err != nil {
 			if !errors.Is(err, ErrSavedCorrupt) && !errors.Is(err, ErrSavedVersion) {
 				t.Fatalf("refused without a sentinel: %v", err)
@@ -322,4 +344,17 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("accepted %x, which writes as %x", b, again)
 		}
 	})
+}
+
+func sameEntries(a, b []savedEntry) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.key != y.key || !bytes.Equal(x.kv, y.kv) || !bytes.Equal(x.value, y.value) || x.create != y.create || x.mod != y.mod || x.version != y.version || x.lease != y.lease {
+			return false
+		}
+	}
+	return true
 }

@@ -123,9 +123,10 @@ func (w *warm[T]) listed(l *lister) { w.cluster.Store(l.cluster) }
 // its history was compacted (the loaded state is then published, and the
 // listing that follows reports the difference from it).
 //
-// Once the header is checked, the view watches and asks how far to catch
-// up while it reads the entries: etcd answers that only once the new watch
-// is synced, which its next 100 ms pass does.
+// Once the header is checked, and the changes since the saved revision
+// found still there (else relistSaved), the view watches and asks how far
+// to catch up while it reads the entries: etcd answers that only once the
+// new watch is synced, which its next 100 ms pass does.
 func (r *runner[T]) restore() (bool, error) {
 	w := &r.warm
 	if w.tried || (!r.opts.warm.fromSet && !r.opts.warm.pathSet) {
@@ -156,6 +157,16 @@ func (r *runner[T]) restore() (bool, error) {
 	if err != nil {
 		r.refuse(err)
 		return false, nil
+	}
+	if h.revision < current {
+		compacted, err := r.list.compacted(r.ctx, h.revision+1)
+		if err != nil {
+			r.log.Info("etcdwatch: view could not tell whether its saved state is compacted; listing instead", "saved", h.revision, "err", err)
+			return false, nil
+		}
+		if compacted {
+			return r.relistSaved(sr, h)
+		}
 	}
 	// From the revision after the saved one; from the saved one itself when
 	// the store is still there, not to watch a future revision (see
@@ -230,7 +241,10 @@ type loaded[T any] struct {
 // and the checksum holds.
 func (r *runner[T]) load(sr *stateReader, h stateHeader) (*loaded[T], error) {
 	entries := make([]savedEntry, 0, min(h.count, 1<<20))
-	if err := sr.readEntries(h, func(e savedEntry) { entries = append(entries, e) }); err != nil {
+	if err := sr.readEntries(h, false, func(e savedEntry) bool {
+		entries = append(entries, e)
+		return true
+	}); err != nil {
 		return nil, err
 	}
 	ld := &loaded[T]{ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -149,8 +151,9 @@ func TestRestoreCatchesUpInOneBatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, at, rev)
 	reqs := kv.Requests()[before:]
-	require.Len(t, reqs, 1, "one Range for the cluster's ID and revision, no listing")
-	require.True(t, reqs[0].CountOnly)
+	require.Len(t, reqs, 2, "one Range for the cluster's ID and revision, one to see the changes since are there; no listing")
+	require.True(t, reqs[0].CountOnly && reqs[1].CountOnly)
+	require.Equal(t, at+1, reqs[1].Revision)
 	require.Equal(t, []string{"v/new", "v/re", "v/same", "v/upd"}, viewKeys(v))
 	e, _ := v.Get("v/upd")
 	require.Equal(t, "2", string(e.Value))
@@ -220,9 +223,69 @@ func TestRestoreWhenNothingChanged(t *testing.T) {
 	require.Equal(t, "0", string(e.Value), "the saved state: that update came after")
 }
 
+// TestRestoreFindsItCompacted: when the changes since the saved revision
+// are compacted (a Range at the revision after it is out of range), the
+// view lists its range against the saved state, read beside the listing,
+// and its first batch is a Relisted one holding exactly the difference;
+// then it watches from the listing. A saved state found corrupt on the
+// way is refused, and the listing stands as a first one.
+func TestRestoreFindsItCompacted(t *testing.T) {
+	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+	h := newHarness(t)
+	kv := h.server.KV()
+	for _, k := range []string{"same", "upd", "del", "recreate", "zz"} {
+		kv.Put("v/"+k, "1")
+	}
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	kv.Put("v/upd", "2")
+	kv.Delete("v/del")
+	kv.Put("v/new", "1")
+	kv.Delete("v/recreate")
+	kv.Put("v/recreate", "2")
+	kv.Delete("v/zz")
+
+	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
+	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	rev, err := vh.v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	b := nextBatch(t, vh.v.Subscribe(at+1))
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd", "deleted v/zz"}, summary(b))
+	for _, ch := range b.Changes {
+		require.Equal(t, b.Revision, ch.Revision)
+		if ch.Prev != nil {
+			require.Equal(t, "1", string(ch.Prev.Value), "the saved value, decoded")
+		}
+	}
+	require.EqualValues(t, 1, vh.v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
+	vh.send(kv.PutEvent("v/same", "2"))
+	require.Equal(t, []string{"updated v/same"}, summary(nextBatch(t, vh.v.Subscribe(vh.v.Revision()))))
+	require.NoError(t, vh.v.Close())
+	require.Equal(t, vh.id, h.srv.RecvCancel(t))
+
+	// Corrupt in its last entry: found once the listing is read.
+	bad := bytes.Clone(saved)
+	bad[bytes.LastIndex(bad, []byte("v/zz"))+len("v/zz")] ^= 1
+	kv.FailNext(nil, compacted)
+	vh = openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(bad)))
+	rev, err = vh.v.Restored()
+	require.Zero(t, rev)
+	require.ErrorIs(t, err, view.ErrSavedCorrupt)
+	require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
+	require.Zero(t, vh.v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
+	b = nextBatch(t, vh.v.Subscribe(at+1))
+	require.Equal(t, view.Resync, b.Kind, "no difference from a state refused")
+}
+
 // TestRestoreAfterCompaction: when the changes since the saved revision are
-// compacted, the view lists its range and its first batch is a Relisted
-// one holding exactly the difference from the saved state.
+// compacted after the view found them there, its watch from the saved
+// revision ends compacted; the view lists its range and its first batch is
+// a Relisted one holding exactly the difference from the saved state.
 func TestRestoreAfterCompaction(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
