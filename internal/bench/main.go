@@ -124,6 +124,9 @@ func main() {
 			metrics: []string{"seconds", "changes", "sync_seconds"}},
 		{name: "viewapply", together: runViewApply, names: viewApplyNames, ratios: viewApplyRatios, reps: viewRepsAtLeast3(),
 			metrics: []string{"events_per_s", "cpu_us_per_event", "lag_ms", "writer_events_per_s"}},
+		// Restarts of views from saved states against listings; see warm.go.
+		{name: "warm", together: runWarm, names: warmNames, ratios: warmRatios, reps: viewRepsAtLeast3(),
+			metrics: []string{"seconds", "mb_per_view", "etcd_cpu_seconds"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
