@@ -350,8 +350,16 @@ func warmRatios(med map[string]map[string]float64) {
 		{"warm-compacted", "cold-compacted", "target: no worse than cold"},
 		{"warm-compacted", "cold", ""},
 	} {
+		ratio := func(m string) string { // three digits: the bytes' ratio is about 0.001
+			x, okW := med[r.warm][m]
+			y, okC := med[r.cold][m]
+			if !okW || !okC || y == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.3g", x/y)
+		}
 		fmt.Printf("RATIO warm %s/%s mb_per_view=%s seconds=%s etcd_cpu_seconds=%s", r.warm, r.cold,
-			ratioOf(med, r.warm, r.cold, "mb_per_view"), ratioOf(med, r.warm, r.cold, "seconds"), ratioOf(med, r.warm, r.cold, "etcd_cpu_seconds"))
+			ratio("mb_per_view"), ratio("seconds"), ratio("etcd_cpu_seconds"))
 		if r.target != "" {
 			fmt.Printf(" (%s)", r.target)
 		}
