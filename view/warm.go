@@ -41,10 +41,13 @@ func WithSave() Option { return func(o *options) { o.warm.keep = true } }
 // on, and New returns once it has applied every change the server made
 // since (as fresh as a listing would be). Subscribe(rev+1), rev from
 // Restored, gets first one Events batch from the saved revision with those
-// changes, or with none when the range did not change. When the server no
-// longer has the changes since the saved revision (compacted), the view
-// lists the range, and that first batch is a Relisted one: exactly the
-// difference from the saved state.
+// changes, or with none when the range did not change (and no batch when
+// the cluster wrote nothing at all since: there is no revision to report).
+// When the server no longer has the changes since the saved revision
+// (compacted), the view lists the range, reading the saved state beside
+// the listing, and that first batch is a Relisted one: exactly the
+// difference from the saved state. Entries are decoded once all are read
+// and the checksums hold.
 //
 // A saved state is refused, and the view lists its range as without the
 // option, when it is truncated or corrupted, of another format version,
