@@ -81,27 +81,32 @@ func (c *core[T]) save(w io.Writer, s *Snapshot[T]) error {
 		key:      c.req.Key,
 		end:      c.req.End,
 	}
-	return writeState(w, h, savedEntries(s))
+	var skew error
+	err := writeState(w, h, func(yield func(*savedEntry) bool) { skew = savedEntries(s, yield) })
+	if skew != nil { // a bug: say so rather than what it made writeState see
+		return skew
+	}
+	return err
 }
 
 // savedEntries yields s's entries with their values as sent, walking the
-// entries and the raws side by side: they hold the same keys.
-func savedEntries[T any](s *Snapshot[T]) func(yield func(*savedEntry) bool) {
-	return func(yield func(*savedEntry) bool) {
-		next, stop := iter.Pull2(s.raw.All())
-		defer stop()
-		var e savedEntry
-		for k, en := range s.m.All() {
-			rk, raw, ok := next()
-			if !ok || rk != k {
-				panic("etcdwatch/view: the saved values are out of step with the entries at " + k)
-			}
-			e = savedEntry{key: k, value: raw, create: en.CreateRevision, mod: en.ModRevision, version: en.Version, lease: en.Lease}
-			if !yield(&e) {
-				return
-			}
+// entries and the raws side by side: they hold the same keys, or it stops
+// with an error.
+func savedEntries[T any](s *Snapshot[T], yield func(*savedEntry) bool) error {
+	next, stop := iter.Pull2(s.raw.All())
+	defer stop()
+	var e savedEntry
+	for k, en := range s.m.All() {
+		rk, raw, ok := next()
+		if !ok || rk != k {
+			return fmt.Errorf("etcdwatch/view: saving: no value as sent for %q (found %q): the view's two maps are out of step", k, rk)
+		}
+		e = savedEntry{key: k, value: raw, create: en.CreateRevision, mod: en.ModRevision, version: en.Version, lease: en.Lease}
+		if !yield(&e) {
+			return nil
 		}
 	}
+	return nil
 }
 
 // saveLoop saves the state to WithStateFile's file every interval while
