@@ -35,13 +35,15 @@ bench:
 	cd internal/bench && $(GO) run . $(ARGS) 2>&1 | grep -v '^{"level"'
 
 # Each fuzzer in turn, $(FUZZTIME) each: response sequences, the codec
-# against generic protobuf both ways, and the views' copy-on-write map
-# against a plain map (every old snapshot unchanged).
+# against generic protobuf both ways, the views' copy-on-write map
+# against a plain map (every old snapshot unchanged), and the loader of
+# saved view states (what it accepts re-encodes byte for byte).
 fuzz:
 	@set -e; for f in FuzzDispatcher FuzzDecode FuzzEncode; do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; \
 	done
 	$(GO) test -run '^$$' -fuzz '^FuzzMap$$' -fuzztime $(FUZZTIME) ./internal/cow
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./view
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi

@@ -30,6 +30,7 @@ type core[T any] struct {
 	snap  atomic.Pointer[Snapshot[T]]
 	hist  history[T]
 	stats counters
+	warm  warm[T] // warm restarts: what the state was restored from, and saving (warm.go, save.go)
 
 	// The state's life. ctx ends it (the last View closed, the Source's
 	// Context ended, or a refusal); start closes done once every goroutine
@@ -43,11 +44,12 @@ type core[T any] struct {
 
 	// Between the runner, its tasks and the callers of Sync and
 	// WaitForRevision.
-	watch  atomic.Pointer[etcdwatch.Watch] // the runner's current watch, for progress requests; stored by the runner
-	moves  chan freshness                  // reads whose state the view has: the runner moves the view to their revision
-	repair chan struct{}                   // buffered 1: the integrity check asks the runner to list again
-	asking atomic.Bool                     // a bookmark request is in flight
-	noAsk  atomic.Bool                     // the server's progress answers are unsafe: never ask
+	watch    atomic.Pointer[etcdwatch.Watch] // the runner's current watch, for progress requests; stored by the runner
+	moves    chan freshness                  // reads whose state the view has: the runner moves the view to their revision
+	repair   chan struct{}                   // buffered 1: the integrity check asks the runner to list again
+	asking   atomic.Bool                     // a bookmark request is in flight
+	answered atomic.Bool                     // a progress request for the view's watch has been answered
+	noAsk    atomic.Bool                     // the server's progress answers are unsafe: never ask
 
 	// The Views of this state, each held by its done channel: closed by
 	// leave, or by finish for those still held. nil once the state has
@@ -164,6 +166,8 @@ func (c *core[T]) statsNow() Stats {
 		IntegrityChecks:     c.stats.checks.Load(),
 		IntegrityMismatches: c.stats.mismatches.Load(),
 		HistoryBytes:        held,
+		RestoreRefusals:     c.warm.refusals.Load(),
+		SaveFailures:        c.warm.saveFailures.Load(),
 	}
 }
 

@@ -16,6 +16,7 @@ type differ[T any] struct {
 	c      *core[T]
 	walk   *merge[*Entry[T]]
 	ed     *cow.Editor[*Entry[T]]
+	raw    raws // the values as sent, for Save (WithSave; save.go)
 	bytes  int64
 	record bool // keep changes: not for the first listing
 	build  bool // the base is empty: keys arrive in order, so Append
@@ -24,7 +25,7 @@ type differ[T any] struct {
 }
 
 func newDiffer[T any](c *core[T], base *Snapshot[T], record bool) *differ[T] {
-	d := &differ[T]{c: c, ed: base.m.Edit(), bytes: base.bytes, record: record, build: base.Len() == 0}
+	d := &differ[T]{c: c, ed: base.m.Edit(), raw: editRaws(c.opts, base), bytes: base.bytes, record: record, build: base.Len() == 0}
 	d.walk = newMerge(base.m.All(), d)
 	return d
 }
@@ -39,8 +40,10 @@ func (d *differ[T]) listedOnly(kv *mvccpb.KeyValue) {
 	e := d.entry(string(kv.Key), kv)
 	if d.build {
 		d.ed.Append(e.Key, e)
+		d.raw.add(e.Key, kv.Value)
 	} else {
 		d.ed.Set(e.Key, e)
+		d.raw.set(e.Key, kv.Value)
 	}
 	d.bytes += int64(e.size)
 	d.note(Change[T]{Kind: Created, Key: e.Key, Entry: e})
@@ -53,6 +56,7 @@ func (d *differ[T]) both(old *Entry[T], kv *mvccpb.KeyValue) {
 	}
 	e := d.entry(old.Key, kv)
 	d.ed.Set(e.Key, e)
+	d.raw.set(e.Key, kv.Value)
 	d.bytes += int64(e.size - old.size)
 	if old.CreateRevision != kv.CreateRevision {
 		d.note(Change[T]{Kind: Deleted, Key: e.Key, Prev: old})
@@ -65,6 +69,7 @@ func (d *differ[T]) both(old *Entry[T], kv *mvccpb.KeyValue) {
 // stateOnly deletes a key of the base that the listing passed without.
 func (d *differ[T]) stateOnly(key string, old *Entry[T]) {
 	d.ed.Delete(key)
+	d.raw.delete(key)
 	d.bytes -= int64(old.size)
 	d.note(Change[T]{Kind: Deleted, Key: key, Prev: old})
 }

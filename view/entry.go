@@ -22,8 +22,10 @@ type Entry[T any] struct {
 }
 
 // Decoder turns a key's value into a view's T. It may keep value (the view
-// gives each one a buffer of its own) and must not modify key. It is called
-// from the view's own goroutine, one value at a time.
+// gives each one a buffer of its own) and must not modify key; nor value,
+// in a view that saves its state (WithSave), which keeps value to save it
+// as the server sent it. It is called from the view's own goroutine, one
+// value at a time.
 type Decoder[T any] func(key, value []byte) (T, error)
 
 // DecodeBytes is the Decoder of a plain view: the value as it was stored.

@@ -1,9 +1,14 @@
 package view
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+)
 
 // This file lets the black-box tests wait on a view without it asking the
-// server anything, and ask for progress on a view's watch alone.
+// server anything, ask for progress on a view's watch alone, and make
+// saved states of other versions.
 
 // AwaitRevision waits until v has published a state at rev or later, or
 // ctx ends. Unlike WaitForRevision it never asks the server.
@@ -14,4 +19,19 @@ func AwaitRevision[T any](ctx context.Context, v *View[T], rev int64) error {
 // RequestProgress asks for progress on v's watch alone.
 func RequestProgress[T any](ctx context.Context, v *View[T]) (int64, error) {
 	return v.core.progress(ctx)
+}
+
+// StateOfVersion returns a copy of the saved state b made as a writer of
+// format version v would make it: the version set and the header's
+// checksum made right (the entries are those of version 1).
+func StateOfVersion(b []byte, v uint32) []byte {
+	b = append([]byte(nil), b...)
+	binary.LittleEndian.PutUint32(b[len(stateMagic):], v)
+	return resum(b)
+}
+
+// SavedRevision returns the revision of the saved state in b.
+func SavedRevision(b []byte) (int64, error) {
+	_, h, err := readHeader(bytes.NewReader(b))
+	return h.revision, err
 }

@@ -23,7 +23,8 @@ type lister struct {
 	key, end []byte
 	page     int64
 	call     []grpc.CallOption
-	paged    bool // the server has no RangeStream: use pages
+	paged    bool   // the server has no RangeStream: use pages
+	cluster  uint64 // the cluster ID in the last listing's header, for saves (WithSave)
 }
 
 func newLister(src Source, key, end []byte, page int) *lister {
@@ -91,7 +92,7 @@ func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValu
 			}
 		}
 		if h := r.GetHeader(); h != nil {
-			rev = h.Revision
+			rev, l.cluster = h.Revision, h.ClusterId
 		}
 	}
 }
@@ -107,7 +108,7 @@ func (l *lister) pages(ctx context.Context, at listing, fn func(*mvccpb.KeyValue
 			return 0, err
 		}
 		if req.Revision == 0 {
-			req.Revision = r.GetHeader().GetRevision()
+			req.Revision, l.cluster = r.GetHeader().GetRevision(), r.GetHeader().GetClusterId()
 		}
 		for _, kv := range r.Kvs {
 			if err := fn(kv); err != nil {
@@ -147,15 +148,10 @@ func (l *lister) fresh(ctx context.Context) (freshness, error) {
 	return f, nil
 }
 
-// revision reads the store's revision now with one linearizable Range of
-// the range's first key alone, counting it without sending it: the
-// cheapest read whose header has the revision.
+// revision reads the store's revision now: header's.
 func (l *lister) revision(ctx context.Context) (int64, error) {
-	r, err := l.kv.Range(ctx, &pb.RangeRequest{Key: l.key, Limit: 1, CountOnly: true}, l.call...)
-	if err != nil {
-		return 0, err
-	}
-	return r.GetHeader().GetRevision(), nil
+	_, rev, err := l.header(ctx)
+	return rev, err
 }
 
 // listRetryable reports whether a failed listing may succeed if tried again:

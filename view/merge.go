@@ -10,7 +10,9 @@ import (
 // order, and tells its outcomes of every key: the state's alone, the
 // listing's alone, or both's. The listing pushes its keys (take is a
 // lister's callback); the state's are pulled from an iterator, which stop
-// releases. Owned by the goroutine that calls take.
+// releases. An outcome gets the state's value before the next is pulled,
+// so that an iterator may lend it until then (a saved state read as it
+// goes). Owned by the goroutine that calls take.
 type merge[V any] struct {
 	out  outcomes[V]
 	next func() (string, V, bool)
@@ -43,9 +45,8 @@ func (m *merge[V]) take(kv *mvccpb.KeyValue) error {
 		m.passed()
 	}
 	if m.more && m.key == string(kv.Key) {
-		v := m.val
+		m.out.both(m.val, kv)
 		m.advance()
-		m.out.both(v, kv)
 		return nil
 	}
 	m.out.listedOnly(kv)
@@ -60,7 +61,6 @@ func (m *merge[V]) finish() {
 }
 
 func (m *merge[V]) passed() {
-	key, v := m.key, m.val
+	m.out.stateOnly(m.key, m.val)
 	m.advance()
-	m.out.stateOnly(key, v)
 }

@@ -18,6 +18,7 @@ type options struct {
 	pageSize     int
 	integrity    time.Duration
 	bookmark     time.Duration
+	warm         warmOptions // WithSave, WithRestore, WithStateFile (warm.go)
 }
 
 func defaultOptions() options {
@@ -74,5 +75,5 @@ func (o options) validate() error {
 	case o.bookmark < 0:
 		return fmt.Errorf("%w: WithBookmarkInterval(%v): at least 0", etcdwatch.ErrInvalidArgument, o.bookmark)
 	}
-	return nil
+	return o.warm.validate()
 }

@@ -25,6 +25,7 @@ type runner[T any] struct {
 	from   int64                  // Revision of the last batch kept, or of the first listing: the next batch's From
 	bytes  int64                  // of ed's keys and values as stored
 	w      *etcdwatch.Watch       // the watch since the last listing
+	raw    raws                   // the values of ed as sent, for Save (WithSave; save.go)
 	listed bool                   // the first listing is published and watched: core.ready is closed
 }
 
@@ -53,6 +54,7 @@ func (r *runner[T]) run() error {
 			if r.opts.integrity > 0 {
 				r.tasks.Go(r.checkLoop) // returns when ctx ends, which start does before it waits
 			}
+			r.startSaving() // WithStateFile (save.go)
 		}
 		if err := r.follow(); err != nil {
 			return err
@@ -118,6 +120,9 @@ func (e *readError) Unwrap() []error {
 // published state as it goes, watches from R, and publishes the new state
 // with the difference (none for the first listing).
 func (r *runner[T]) listAndWatch() error {
+	if done, err := r.restore(); done || err != nil { // the saved state instead of a listing (WithRestore; warm.go)
+		return err
+	}
 	base := r.snap.Load()
 	first := base == nil
 	if first {
@@ -130,6 +135,7 @@ func (r *runner[T]) listAndWatch() error {
 		return &readError{"listing the range", err}
 	}
 	d.finish(rev)
+	r.warm.listed(r.list)
 	// From rev, not rev+1: a watch from the revision after the store's
 	// is one the server deems waiting for a future revision, and etcd 3.5+
 	// then answers no progress request on the stream until the next write
@@ -140,6 +146,7 @@ func (r *runner[T]) listAndWatch() error {
 	}
 	r.ed, r.rev, r.bytes, r.w = d.ed, rev, d.bytes, w
 	r.watch.Store(w)
+	r.raw = d.raw
 	if first {
 		r.hist.floor, r.from = rev, rev
 		r.publish()
@@ -281,6 +288,7 @@ func (r *runner[T]) put(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
 	key := string(kv.Key)
 	e := r.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
 	old, replaced := r.ed.Set(e.Key, e)
+	r.raw.set(e.Key, kv.Value)
 	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
 	if replaced {
 		ch.Kind, ch.Prev = Updated, old
@@ -295,6 +303,7 @@ func (r *runner[T]) del(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
 	if !ok {
 		return changes
 	}
+	r.raw.delete(old.Key)
 	r.bytes -= int64(old.size)
 	return append(changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
 }
@@ -304,5 +313,5 @@ func (r *runner[T]) publish(bs ...Batch[T]) {
 	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev && len(bs) == 0 {
 		return // nothing moved
 	}
-	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes}, bs)
+	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze()}, bs)
 }

@@ -13,6 +13,7 @@ type Snapshot[T any] struct {
 	m     cow.Map[*Entry[T]]
 	rev   int64
 	bytes int64
+	raw   cow.Map[[]byte] // the values as the server sent them, for Save (WithSave); empty for other views
 }
 
 // Revision is the revision whose state the snapshot holds.

@@ -129,6 +129,9 @@ func main() {
 			metrics: []string{"wait_p50_ms", "wait_p99_ms", "wait_max_ms", "sync_p50_ms", "sync_p99_ms", "sync_max_ms"}},
 		{name: "starve", together: runStarve, names: starveNames, ratios: starveRatios,
 			metrics: []string{"sync_p50_ms", "sync_p99_ms", "sync_max_ms", "syncs", "during_catch_up"}},
+		// Restarts of views from saved states against listings; see warm.go.
+		{name: "warm", together: runWarm, names: warmNames, ratios: warmRatios, reps: viewRepsAtLeast3(),
+			metrics: []string{"seconds", "mb_per_view", "etcd_cpu_seconds"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -770,6 +770,8 @@ func viewChild(mode string) {
 		viewRelistChild()
 	case strings.HasPrefix(mode, "apply-"):
 		viewApplyChild(strings.TrimPrefix(mode, "apply-"))
+	case strings.HasPrefix(mode, "warm-"):
+		warmChild(strings.TrimPrefix(mode, "warm-"))
 	default:
 		check(fmt.Errorf("no view child %q", mode))
 	}

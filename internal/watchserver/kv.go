@@ -29,6 +29,7 @@ type KV struct {
 	requests []*pb.RangeRequest
 	fail     []error       // returned, in turn, by the next Range or RangeStream calls
 	asked    chan struct{} // closed, and replaced, at each request
+	cluster  uint64        // the cluster ID in Range headers; Header's when 0
 }
 
 func newKV() *KV {
@@ -85,6 +86,14 @@ func (k *KV) Revision() int64 {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.rev
+}
+
+// SetClusterID makes Range and RangeStream answer as a member of cluster id
+// (Header's cluster otherwise); the Watch service's headers do not change.
+func (k *KV) SetClusterID(id uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.cluster = id
 }
 
 // ServeStreams turns RangeStream on, chunk keys to a message.
@@ -159,6 +168,9 @@ func (k *KV) rangeLocked(r *pb.RangeRequest) (*pb.RangeResponse, error) {
 	}
 	kvs := k.inRange(r)
 	resp := &pb.RangeResponse{Header: Header(k.rev), Count: int64(len(kvs))}
+	if k.cluster != 0 {
+		resp.Header.ClusterId = k.cluster
+	}
 	if r.SortTarget == pb.RangeRequest_MOD && r.SortOrder == pb.RangeRequest_DESCEND {
 		slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return int(b.ModRevision - a.ModRevision) })
 	}

@@ -1,0 +1,127 @@
+package view
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// crashEnv names the file a child of TestCrashWhileSaving saves to.
+const crashEnv = "ETCDWATCH_VIEW_CRASH_PATH"
+
+// newerState is the state the crashing save writes: another revision.
+func newerState(t testing.TB) []byte {
+	h, es := sampleState()
+	h.revision = 41
+	return encodeState(t, h, es)
+}
+
+// TestCrashWhileSaving: a process killed halfway through saving its state
+// leaves the file it saves to as it was, whole and loadable; the next save
+// replaces it, and the half-written temporary file. Catches: a save that
+// writes into the file itself, or renames before it has written all.
+func TestCrashWhileSaving(t *testing.T) {
+	if path := os.Getenv(crashEnv); path != "" {
+		crashingSave(t, path)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "state")
+	h, es := sampleState()
+	old := encodeState(t, h, es)
+	require.NoError(t, writeFile(path, func(w io.Writer) error {
+		_, err := w.Write(old)
+		return err
+	}))
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashWhileSaving$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+path)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	said := make(chan string, 1)
+	go func() { // returns when the child's stdout ends: it is killed below
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		said <- line
+	}()
+	select {
+	case line := <-said:
+		require.Equal(t, "writing\n", line)
+	case <-time.After(wait):
+		cmd.Process.Kill()
+		t.Fatal("the child did not start writing")
+	}
+	require.NoError(t, cmd.Process.Kill())
+	require.Error(t, cmd.Wait(), "killed")
+
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, old, got, "the file as it was")
+	_, _, err = decodeState(bytes.NewReader(got))
+	require.NoError(t, err)
+	half, err := os.ReadFile(path + ".tmp")
+	require.NoError(t, err, "the child was killed in the temporary file")
+	require.Equal(t, newerState(t)[:len(half)], half)
+
+	newer := newerState(t)
+	require.NoError(t, writeFile(path, func(w io.Writer) error {
+		_, err := w.Write(newer)
+		return err
+	}))
+	got, err = os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, newer, got)
+	_, err = os.Stat(path + ".tmp")
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// crashingSave is the child of TestCrashWhileSaving: it writes half of a
+// newer state, says so, and waits to be killed.
+func crashingSave(t *testing.T, path string) {
+	b := newerState(t)
+	_ = writeFile(path, func(w io.Writer) error {
+		if _, err := w.Write(b[:len(b)/2]); err != nil {
+			return err
+		}
+		if f, ok := w.(*os.File); ok {
+			f.Sync() // the half is on the disk, as a crash would find it
+		}
+		fmt.Println("writing")
+		time.Sleep(time.Hour) // killed here
+		return nil
+	})
+	t.Fatal("not killed")
+}
+
+// TestFailedSave: a save whose writing fails leaves the file as it was and
+// no temporary file.
+func TestFailedSave(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	h, es := sampleState()
+	old := encodeState(t, h, es)
+	require.NoError(t, writeFile(path, func(w io.Writer) error {
+		_, err := w.Write(old)
+		return err
+	}))
+	err := writeFile(path, func(w io.Writer) error {
+		w.Write(newerState(t)[:100])
+		return errDiskFull
+	})
+	require.ErrorIs(t, err, errDiskFull)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, old, got)
+	_, err = os.Stat(path + ".tmp")
+	require.True(t, errors.Is(err, os.ErrNotExist), "%v", err)
+}
+
+// wait bounds the waits of the package's own tests.
+const wait = 10 * time.Second

@@ -1,0 +1,618 @@
+package view_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+	"github.com/etcdwatch/etcdwatch/view"
+)
+
+// logs keeps the records of a Stream's logger (etcdwatch.WithLogger) for
+// tests that wait for one.
+type logs struct {
+	mu      sync.Mutex
+	recs    []slog.Record
+	changed chan struct{} // closed and replaced at each record
+}
+
+func newLogs() *logs { return &logs{changed: make(chan struct{})} }
+
+func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logs) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logs) WithGroup(string) slog.Handler            { return l }
+
+func (l *logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.recs = append(l.recs, r.Clone())
+	close(l.changed)
+	l.changed = make(chan struct{})
+	return nil
+}
+
+// wait returns the first record with msg for which match holds, waiting
+// for it.
+func (l *logs) wait(t *testing.T, msg string, match func(attrs map[string]slog.Value) bool) slog.Record {
+	t.Helper()
+	deadline := time.After(wait)
+	for i := 0; ; {
+		l.mu.Lock()
+		recs, changed := l.recs, l.changed
+		l.mu.Unlock()
+		for ; i < len(recs); i++ {
+			if r := recs[i]; r.Message == msg && match(attrsOf(r)) {
+				return r
+			}
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no log %q", msg)
+		}
+	}
+}
+
+func attrsOf(r slog.Record) map[string]slog.Value {
+	m := map[string]slog.Value{}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value
+		return true
+	})
+	return m
+}
+
+// loggedHarness is a harness whose Stream logs to l.
+func loggedHarness(t *testing.T, server *ws.Server) (*harness, *logs) {
+	l := newLogs()
+	return harnessOn(t, server, etcdwatch.WithLogger(slog.New(l))), l
+}
+
+// savedState opens a view of r on h that keeps its values, saves it,
+// closes it, and returns what it saved and the revision.
+func savedState(t *testing.T, h *harness, r etcdwatch.Request) ([]byte, int64) {
+	t.Helper()
+	res := newViewAsync(h, r, view.DecodeBytes, view.WithSave())
+	c := h.isolated().RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, h.server.KV().Revision()))
+	h.settle()
+	got := recv(t, res, "view.New")
+	require.NoError(t, got.err)
+	var b bytes.Buffer
+	require.NoError(t, got.v.Save(&b))
+	rev := got.v.Revision()
+	require.NoError(t, got.v.Close())
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+	return b.Bytes(), rev
+}
+
+// restoring starts a view of "v/" with opts on h, and confirms its watch,
+// which must start at from; it returns New's result to come and the
+// watch's id.
+func (h *harness) restoring(from int64, decode view.Decoder[[]byte], opts ...view.Option) (<-chan viewResult[[]byte], int64) {
+	h.t.Helper()
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), decode, opts...)
+	c := h.isolated().RecvCreate(h.t)
+	require.Equal(h.t, from, c.StartRevision, "the watch starts after the saved revision")
+	h.srv.Send(h.t, ws.Created(c.WatchId, h.server.KV().Revision()))
+	return res, c.WatchId
+}
+
+// started returns the view New made, closed when the test ends.
+func started(t *testing.T, res <-chan viewResult[[]byte]) *view.View[[]byte] {
+	t.Helper()
+	r := recv(t, res, "view.New")
+	require.NoError(t, r.err)
+	t.Cleanup(func() { r.v.Close() })
+	return r.v
+}
+
+// TestRestoreCatchesUpInOneBatch: a view started from a saved state asks
+// for no listing, watches from the revision after the saved one, and
+// returns from New once it has applied what the server says changed since:
+// a subscriber from the saved revision gets all of it in one Events batch,
+// with the saved entries (decoded again) as Prev, then the view goes on.
+// Catches: a listing made anyway, a watch from the wrong revision, New
+// returning before the view caught up, the changes split over batches or
+// lost, the saved values not the ones restored.
+func TestRestoreCatchesUpInOneBatch(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	for _, k := range []string{"same", "upd", "del", "re"} {
+		kv.Put("v/"+k, "1")
+	}
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	upd, del := kv.PutEvent("v/upd", "2"), kv.DeleteEvent("v/del")
+	reDel, reNew := kv.DeleteEvent("v/re"), kv.PutEvent("v/re", "2")
+	created := kv.PutEvent("v/new", "1")
+	kv.Put("w/elsewhere", "x")
+	before := len(kv.Requests())
+
+	res, id := h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "it asks the server how far to catch up")
+	h.srv.Send(t, ws.Events(id, kv.Revision(), upd, del))
+	h.srv.Send(t, ws.Events(id, kv.Revision(), reDel, reNew, created))
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	v := started(t, res)
+	require.Equal(t, kv.Revision(), v.Revision(), "New returns caught up")
+	rev, err := v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	reqs := kv.Requests()[before:]
+	require.Len(t, reqs, 2, "one Range for the cluster's ID and revision, one to see the changes since are there; no listing")
+	require.True(t, reqs[0].CountOnly && reqs[1].CountOnly)
+	require.Equal(t, at+1, reqs[1].Revision)
+	require.Equal(t, []string{"v/new", "v/re", "v/same", "v/upd"}, viewKeys(v))
+	e, _ := v.Get("v/upd")
+	require.Equal(t, "2", string(e.Value))
+	e, _ = v.Get("v/same")
+	require.Equal(t, "1", string(e.Value))
+	require.EqualValues(t, 1, e.Version)
+
+	sub := v.Subscribe(context.Background(), at)
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Events, b.Kind)
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Equal(t, []string{"updated v/upd", "deleted v/del", "deleted v/re", "created v/re", "created v/new"}, summary(b))
+	require.Equal(t, "1", string(b.Changes[0].Prev.Value), "the saved value")
+	require.Equal(t, upd.Kv.ModRevision, b.Changes[0].Revision)
+
+	ev := kv.PutEvent("v/same", "2")
+	h.srv.Send(t, ws.Events(id, kv.Revision(), ev))
+	b2 := nextBatch(t, sub)
+	require.Equal(t, b.Revision, b2.From)
+	require.Equal(t, []string{"updated v/same"}, summary(b2))
+	st := v.Stats()
+	require.Zero(t, st.Relists)
+	require.Zero(t, st.RestoreRefusals)
+	require.Equal(t, 4, st.Keys)
+}
+
+// TestRestoreWhenNothingChanged: when the range did not change since the
+// save, the first batch says so: Events from the saved revision to the one
+// the server vouched for, without changes. When the cluster wrote nothing
+// at all, the watch starts at the saved revision itself (not a future
+// one) and there is nothing to say: the first batch is the next change.
+func TestRestoreWhenNothingChanged(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+
+	// The cluster did not move: the store is at the saved revision.
+	res, id := h.restoring(at, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, at))
+	v := started(t, res)
+	require.Equal(t, at, v.Revision())
+	sub := v.Subscribe(context.Background(), at)
+	ev := kv.PutEvent("v/00", "new")
+	h.srv.Send(t, ws.Events(id, kv.Revision(), ev))
+	b := nextBatch(t, sub)
+	require.Equal(t, at, b.From)
+	require.Equal(t, []string{"updated v/00"}, summary(b))
+	require.NoError(t, v.Close())
+	require.Equal(t, id, h.srv.RecvCancel(t))
+
+	// Writes elsewhere since: an empty batch up to the revision vouched for.
+	kv.Put("w/elsewhere", "x")
+	res, _ = h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	v = started(t, res)
+	b = nextBatch(t, v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Events, b.Kind)
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Empty(t, b.Changes)
+	require.Equal(t, []string{"v/00", "v/01", "v/02"}, viewKeys(v))
+	e, _ := v.Get("v/00")
+	require.Equal(t, "0", string(e.Value), "the saved state: that update came after")
+}
+
+// TestRestoreFindsItCompacted: when the changes since the saved revision
+// are compacted (a Range at the revision after it is out of range), the
+// view lists its range against the saved state, read beside the listing,
+// and its first batch is a Relisted one holding exactly the difference;
+// then it watches from the listing. A saved state found corrupt on the
+// way is refused, and the listing stands as a first one.
+func TestRestoreFindsItCompacted(t *testing.T) {
+	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+	h := newHarness(t)
+	kv := h.server.KV()
+	for _, k := range []string{"same", "upd", "del", "recreate", "zz"} {
+		kv.Put("v/"+k, "1")
+	}
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	kv.Put("v/upd", "2")
+	kv.Delete("v/del")
+	kv.Put("v/new", "1")
+	kv.Delete("v/recreate")
+	kv.Put("v/recreate", "2")
+	kv.Delete("v/zz")
+
+	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
+	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	rev, err := vh.v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	b := nextBatch(t, vh.v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd", "deleted v/zz"}, summary(b))
+	for _, ch := range b.Changes {
+		require.Equal(t, b.Revision, ch.Revision)
+		if ch.Prev != nil {
+			require.Equal(t, "1", string(ch.Prev.Value), "the saved value, decoded")
+		}
+	}
+	require.EqualValues(t, 1, vh.v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
+	vh.send(kv.PutEvent("v/same", "2"))
+	require.Equal(t, []string{"updated v/same"}, summary(nextBatch(t, vh.v.Subscribe(context.Background(), vh.v.Revision()-1))))
+	require.NoError(t, vh.v.Close())
+	require.Equal(t, vh.id, h.srv.RecvCancel(t))
+
+	// Corrupt in its last entry: found once the listing is read.
+	bad := bytes.Clone(saved)
+	bad[bytes.LastIndex(bad, []byte("v/zz"))+len("v/zz")] ^= 1
+	kv.FailNext(nil, compacted)
+	vh = openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(bad)))
+	rev, err = vh.v.Restored()
+	require.Zero(t, rev)
+	require.ErrorIs(t, err, view.ErrSavedCorrupt)
+	require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
+	require.Zero(t, vh.v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(vh.v))
+	b = nextBatch(t, vh.v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Resync, b.Kind, "no difference from a state refused")
+}
+
+// TestRestoreAfterCompaction: when the changes since the saved revision are
+// compacted after the view found them there, its watch from the saved
+// revision ends compacted; the view lists its range and its first batch is
+// a Relisted one holding exactly the difference from the saved state.
+func TestRestoreAfterCompaction(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	for _, k := range []string{"same", "upd", "del", "recreate"} {
+		kv.Put("v/"+k, "1")
+	}
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	kv.Put("v/upd", "2")
+	kv.Delete("v/del")
+	kv.Put("v/new", "1")
+	kv.Delete("v/recreate")
+	kv.Put("v/recreate", "2")
+
+	res, id := h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Compacted(id, kv.Revision()))
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, kv.Revision(), c.StartRevision, "a watch from the listing's revision")
+	h.srv.Send(t, ws.Created(c.WatchId, kv.Revision()))
+	h.srv.Send(t, ws.Progress(-1, kv.Revision())) // the request asked before the compaction, still waiting
+	v := started(t, res)
+	rev, err := v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	b := nextBatch(t, v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Equal(t, []string{"deleted v/del", "created v/new", "deleted v/recreate", "created v/recreate", "updated v/upd"}, summary(b))
+	require.Equal(t, "1", string(b.Changes[4].Prev.Value))
+	require.EqualValues(t, 1, v.Stats().Relists)
+	require.Equal(t, []string{"v/new", "v/recreate", "v/same", "v/upd"}, viewKeys(v))
+}
+
+// TestRestoreWithoutSafeProgress: on a release whose progress answers are
+// unsafe, the view reads the range's count and newest revision instead,
+// and is caught up once it holds as many keys, none newer: at once when
+// the range did not change, after the events otherwise.
+func TestRestoreWithoutSafeProgress(t *testing.T) {
+	h := harnessOn(t, ws.StartRelease(t, "3.4.23"))
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	kv.Put("w/elsewhere", "x")
+
+	res, id := h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	v := started(t, res)
+	b := nextBatch(t, v.Subscribe(context.Background(), at))
+	require.Equal(t, at, b.From)
+	require.Equal(t, kv.Revision(), b.Revision, "the revision the read vouched for")
+	require.Empty(t, b.Changes)
+	require.NoError(t, v.Close())
+	require.Equal(t, id, h.srv.RecvCancel(t))
+
+	ev := kv.PutEvent("v/01", "new")
+	res, id = h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	h.srv.Send(t, ws.Events(id, kv.Revision(), ev))
+	v = started(t, res)
+	b = nextBatch(t, v.Subscribe(context.Background(), at))
+	require.Equal(t, at, b.From)
+	require.Equal(t, []string{"updated v/01"}, summary(b))
+	e, _ := v.Get("v/01")
+	require.Equal(t, "new", string(e.Value))
+	reqs := kv.Requests()
+	last := reqs[len(reqs)-1]
+	require.True(t, last.SortTarget == pb.RangeRequest_MOD && last.KeysOnly && last.Limit == 1, "the read: the newest key, without values")
+}
+
+// decoded returns a Decoder of plain values that records the keys it was
+// given.
+func decoded(keys *[]string) view.Decoder[[]byte] {
+	var mu sync.Mutex
+	return func(key, value []byte) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		*keys = append(*keys, string(key))
+		return value, nil
+	}
+}
+
+// TestRestoreRefusals: a saved state that is truncated, corrupted, of
+// another format version, range or cluster, or ahead of the cluster's
+// revision, each in a file of its own, is refused with its sentinel: the
+// view lists its range instead and holds exactly the server's keys, none
+// of the file's (no key of it was even decoded); the refusal is in
+// Restored, counted, and logged at Warn. Catches: a loader that skips any
+// one of its checks, or that keeps part of a state it refused.
+func TestRestoreRefusals(t *testing.T) {
+	for name, c := range map[string]struct {
+		is error
+		// file makes the saved state on h, whose KV holds v/a and
+		// v/stale; restore on the harness it returns.
+		file func(t *testing.T, h *harness) (restoreOn *harness, saved []byte)
+		// the entries are refused, not the header: the view has watched
+		// from the saved state meanwhile
+		entries bool
+	}{
+		"truncated": {is: view.ErrSavedCorrupt, entries: true, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+			return h, b[:len(b)-10] // in the last entry
+		}},
+		"corrupted": {is: view.ErrSavedCorrupt, entries: true, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+			b[bytes.LastIndex(b, []byte("old"))] ^= 1 // "nld": a value the server never had
+			return h, b
+		}},
+		"another version": {is: view.ErrSavedVersion, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+			return h, view.StateOfVersion(b, 2)
+		}},
+		"another range": {is: view.ErrSavedRange, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			b, _ := savedState(t, h, etcdwatch.Prefix("v/s"))
+			return h, b
+		}},
+		"another cluster": {is: view.ErrSavedCluster, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			h.server.KV().SetClusterID(2)
+			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+			h.server.KV().SetClusterID(0)
+			return h, b
+		}},
+		"ahead of the cluster": {is: view.ErrSavedAhead, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			for range 5 {
+				h.server.KV().Put("w/elsewhere", "x")
+			}
+			b, at := savedState(t, h, etcdwatch.Prefix("v/"))
+			require.Greater(t, at, int64(4), "ahead of the backup's revision once the test wrote there")
+			// The cluster restored from a backup older than the save: the
+			// same cluster, at a lower revision, without v/stale.
+			back, _ := loggedHarness(t, ws.Start(t))
+			back.server.KV().Put("v/a", "1")
+			return back, b
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h, _ := loggedHarness(t, ws.Start(t))
+			kv := h.server.KV()
+			kv.Put("v/a", "1")
+			kv.Put("v/stale", "old")
+			restoreOn, b := c.file(t, h)
+			path := filepath.Join(t.TempDir(), "state")
+			require.NoError(t, os.WriteFile(path, b, 0o600))
+			rkv := restoreOn.server.KV()
+			rkv.Delete("v/stale")
+			rkv.Put("v/b", "2")
+
+			var keys []string
+			res := newViewAsync(restoreOn, etcdwatch.Prefix("v/"), decoded(&keys), view.WithStateFile(path, 0))
+			asked := false // a progress request waits for its answer
+			if c.entries { // its watch from the saved state, let go
+				cr := restoreOn.isolated().RecvCreate(t)
+				restoreOn.srv.Send(t, ws.Created(cr.WatchId, rkv.Revision()))
+				req := restoreOn.srv.Recv(t)
+				for req.GetProgressRequest() != nil { // asked how far to catch up meanwhile
+					asked = true
+					req = restoreOn.srv.Recv(t)
+				}
+				require.Equal(t, cr.WatchId, req.GetCancelRequest().GetWatchId(), "%v", req)
+			}
+			vh := &viewHarness[[]byte]{harness: restoreOn, kv: rkv}
+			vh.confirm()
+			if asked { // the view's watch joins the request still waiting
+				restoreOn.srv.Send(t, ws.Progress(-1, rkv.Revision()))
+			} else {
+				restoreOn.settle()
+			}
+			r := recv(t, res, "view.New")
+			require.NoError(t, r.err)
+			vh.v = r.v
+			t.Cleanup(func() { r.v.Close() })
+			require.Equal(t, []string{"v/a", "v/b"}, viewKeys(vh.v), "the server's keys")
+			require.Equal(t, []string{"v/a", "v/b"}, keys, "no key of the refused state decoded")
+			require.Equal(t, rkv.Revision(), vh.v.Revision())
+			rev, err := vh.v.Restored()
+			require.Zero(t, rev)
+			require.ErrorIs(t, err, c.is)
+			var re *view.RestoreError
+			require.ErrorAs(t, err, &re)
+			require.Equal(t, path, re.Path)
+			require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
+			require.Zero(t, vh.v.Stats().Relists)
+			b0 := nextBatch(t, vh.v.Subscribe(context.Background(), rev))
+			require.Equal(t, view.Resync, b0.Kind, "after a listing, the whole state")
+		})
+	}
+}
+
+// TestRestoreRefusalIsLogged: a refusal is logged at Warn with the
+// *RestoreError.
+func TestRestoreRefusalIsLogged(t *testing.T) {
+	h, l := loggedHarness(t, ws.Start(t))
+	putKeys(h.server.KV(), 1)
+	vh := openView(h, view.DecodeBytes, view.WithRestore(strings.NewReader("not a state")))
+	r := l.wait(t, "etcdwatch: view refused its saved state; listing instead", func(map[string]slog.Value) bool { return true })
+	require.Equal(t, slog.LevelWarn, r.Level)
+	err, _ := attrsOf(r)["err"].Any().(error)
+	require.ErrorIs(t, err, view.ErrSavedCorrupt)
+	_, got := vh.v.Restored()
+	require.Equal(t, err, got)
+}
+
+// TestRestoreRoundTrip: a view restored from another's save holds the same
+// entries, its values decoded again by its own Decoder: a value that does
+// not decode has its error again, and is counted.
+func TestRestoreRoundTrip(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.Put("v/good", `{"N":1}`)
+	kv.Put("v/bad", `{`)
+	kv.Put("v/good", `{"N":2}`)
+	kv.Put("v/empty", ``)
+	first := openView(h, view.DecodeJSON[config], view.WithSave())
+	var b bytes.Buffer
+	require.NoError(t, first.v.Save(&b))
+	at := first.v.Revision()
+
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), view.DecodeJSON[config], view.WithRestore(&b), view.WithSave())
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, at, c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, at))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, at))
+	r := recv(t, res, "view.New")
+	require.NoError(t, r.err)
+	second := r.v
+	t.Cleanup(func() { second.Close() })
+	require.Equal(t, at, second.Revision())
+	var want, got []view.Entry[config]
+	for _, e := range first.v.All() {
+		want = append(want, e)
+	}
+	for _, e := range second.All() {
+		got = append(got, e)
+	}
+	require.Len(t, got, len(want))
+	for i := range want {
+		w, g := want[i], got[i]
+		require.Equal(t, w.Key, g.Key)
+		require.Equal(t, w.Value, g.Value, w.Key)
+		require.Equal(t, w.Err == nil, g.Err == nil, w.Key)
+		require.Equal(t, []int64{w.CreateRevision, w.ModRevision, w.Version, w.Lease}, []int64{g.CreateRevision, g.ModRevision, g.Version, g.Lease}, w.Key)
+	}
+	require.Equal(t, first.v.Stats().Bytes, second.Stats().Bytes)
+	require.EqualValues(t, 2, second.Stats().DecodeErrors, "v/bad and v/empty, decoded again")
+
+	var again bytes.Buffer
+	require.NoError(t, second.Save(&again))
+	var once bytes.Buffer
+	require.NoError(t, first.v.Save(&once))
+	require.Equal(t, once.Bytes(), again.Bytes(), "saved again as it was")
+}
+
+// TestStateFile: WithStateFile lists when there is no file yet (no
+// refusal), saves every interval and when the view ends, each time the
+// state changed, and the next New restores the last save.
+func TestStateFile(t *testing.T) {
+	h, l := loggedHarness(t, ws.Start(t))
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	path := filepath.Join(t.TempDir(), "v.state")
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, time.Millisecond))
+	rev, err := vh.v.Restored()
+	require.Zero(t, rev)
+	require.NoError(t, err, "no file yet is no refusal")
+	require.Zero(t, vh.v.Stats().RestoreRefusals)
+
+	vh.send(kv.PutEvent("v/a", "1"))
+	at := kv.Revision()
+	l.wait(t, "etcdwatch: view saved its state", func(a map[string]slog.Value) bool { return a["revision"].Int64() == at })
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	saved, err := view.SavedRevision(b)
+	require.NoError(t, err)
+	require.Equal(t, at, saved)
+
+	vh.send(kv.PutEvent("v/b", "2"))
+	require.NoError(t, vh.v.Close()) // saves once more, before it returns
+	require.Equal(t, vh.id, h.srv.RecvCancel(t))
+	b, err = os.ReadFile(path)
+	require.NoError(t, err)
+	saved, err = view.SavedRevision(b)
+	require.NoError(t, err)
+	require.Equal(t, kv.Revision(), saved, "saved at Close")
+	_, err = os.Stat(path + ".tmp")
+	require.ErrorIs(t, err, os.ErrNotExist, "the temporary file is renamed")
+
+	res, _ := h.restoring(kv.Revision(), view.DecodeBytes, view.WithStateFile(path, 0))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	v := started(t, res)
+	rev, err = v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, kv.Revision(), rev)
+	require.Equal(t, []string{"v/00", "v/01", "v/a", "v/b"}, viewKeys(v))
+}
+
+// TestStateFileFailure: a save that fails is logged and counted, and the
+// view goes on.
+func TestStateFileFailure(t *testing.T) {
+	h, l := loggedHarness(t, ws.Start(t))
+	putKeys(h.server.KV(), 1)
+	path := filepath.Join(t.TempDir(), "no such directory", "v.state")
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, time.Millisecond))
+	r := l.wait(t, "etcdwatch: view could not save its state", func(map[string]slog.Value) bool { return true })
+	require.Equal(t, slog.LevelWarn, r.Level)
+	require.ErrorIs(t, attrsOf(r)["err"].Any().(error), os.ErrNotExist)
+	require.NotZero(t, vh.v.Stats().SaveFailures)
+	require.NoError(t, vh.v.Err())
+}
+
+// TestWarmOptions: Save needs a view that keeps its values; the options'
+// arguments are checked in New, before anything is sent.
+func TestWarmOptions(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, view.DecodeBytes)
+	require.ErrorIs(t, vh.v.Save(&bytes.Buffer{}), etcdwatch.ErrInvalidArgument)
+	before := len(h.server.KV().Requests())
+	path := filepath.Join(t.TempDir(), "state")
+	for name, opts := range map[string][]view.Option{
+		"nil reader":    {view.WithRestore(nil)},
+		"no path":       {view.WithStateFile("", time.Second)},
+		"negative time": {view.WithStateFile(path, -time.Second)},
+		"both":          {view.WithRestore(strings.NewReader("")), view.WithStateFile(path, 0)},
+	} {
+		v, err := view.New(context.Background(), h.s, etcdwatch.Prefix("v/"), view.DecodeBytes, opts...)
+		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, name)
+		require.Nil(t, v)
+	}
+	require.Len(t, h.server.KV().Requests(), before, "nothing sent")
+}

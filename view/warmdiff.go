@@ -1,0 +1,122 @@
+package view
+
+import (
+	"bytes"
+	"context"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch/internal/cow"
+)
+
+// compacted reports whether the server's history no longer holds revision
+// rev (at most its current one): a Range of the range's first key at rev,
+// counted, is refused as out of range.
+func (l *lister) compacted(ctx context.Context, rev int64) (bool, error) {
+	_, err := l.kv.Range(ctx, &pb.RangeRequest{Key: l.key, Revision: rev, CountOnly: true}, l.call...)
+	if status.Code(err) == codes.OutOfRange {
+		return true, nil
+	}
+	return false, err
+}
+
+// relistSaved starts the state from a listing of the range, compared as it
+// goes with the saved state, whose history since is compacted: the saved
+// entries are read beside the listing (a merge), not built into a state
+// first, so that this costs a listing, as a cold start does, and a read of
+// the file. Every key's entry comes from the listing, decoded as a first
+// listing decodes it; the saved value of a key that changed is decoded as
+// its Prev. The state is published with one Relisted batch from the saved
+// revision, exactly the difference, once the saved state's checksum holds;
+// if it does not, the state is published as a first listing's, and the
+// saved state refused. It reports what restore reports.
+func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
+	var loadErr error
+	saved := func(yield func(string, savedEntry) bool) {
+		loadErr = sr.readEntries(h, true, func(e savedEntry) bool { return yield(e.key, e) })
+	}
+	d := &savedDiffer[T]{c: r.core, ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
+	walk := newMerge(saved, d)
+	defer walk.stop()
+	rev, err := r.list.list(r.ctx, listing{}, walk.take)
+	if err != nil { // the saved state is let go: the next attempt lists
+		r.log.Info("etcdwatch: view could not list against its saved state; listing again", "saved", h.revision, "err", err)
+		return true, &readError{"listing the range", err}
+	}
+	walk.finish()
+	r.warm.listed(r.list)
+	w, err := r.src.Watch(r.ctx, r.req.FromRevision(rev)) // from rev, as listAndWatch
+	if err != nil {
+		return true, err
+	}
+	r.ed, r.raw, r.rev, r.bytes, r.w = d.ed, d.raw, rev, d.bytes, w
+	r.watch.Store(w)
+	if loadErr != nil {
+		r.refuse(loadErr)
+		r.hist.floor, r.from = rev, rev
+		r.publish()
+		return true, nil
+	}
+	for i := range d.changes {
+		d.changes[i].Revision = rev
+	}
+	r.warm.restored = h.revision
+	r.stats.relists.Add(1)
+	r.log.Info("etcdwatch: view's saved state is compacted; listed against it", "path", r.opts.warm.path, "saved", h.revision, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
+	r.hist.floor, r.from = h.revision, h.revision
+	r.publish(Batch[T]{Kind: Relisted, From: h.revision, Revision: rev, Changes: d.changes})
+	r.from = rev
+	return true, nil
+}
+
+// savedDiffer is the outcomes of relistSaved's merge: it builds the
+// listing's state, as a first listing does, and records how it differs
+// from the saved one, as the differ does (a key deleted and created again
+// is both). Owned by the runner.
+type savedDiffer[T any] struct {
+	c       *core[T]
+	ed      *cow.Editor[*Entry[T]]
+	raw     raws
+	bytes   int64
+	changes []Change[T] // their Revision is the listing's, known at its end
+}
+
+// listed adds a listed key, after every key added before.
+func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) *Entry[T] {
+	e := d.c.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	d.ed.Append(e.Key, e)
+	d.raw.add(e.Key, kv.Value)
+	d.bytes += int64(e.size)
+	return e
+}
+
+// saved decodes a saved entry, the Prev of a change, from a copy of its
+// bytes: the reader lends them.
+func (d *savedDiffer[T]) saved(s savedEntry) *Entry[T] {
+	kv := bytes.Clone(s.kv)
+	k := len(s.key)
+	return d.c.entry(s.key, kv[:k:k], kv[k:], s.create, s.mod, s.version, s.lease)
+}
+
+func (d *savedDiffer[T]) listedOnly(kv *mvccpb.KeyValue) {
+	e := d.listed(kv)
+	d.changes = append(d.changes, Change[T]{Kind: Created, Key: e.Key, Entry: e})
+}
+
+func (d *savedDiffer[T]) both(s savedEntry, kv *mvccpb.KeyValue) {
+	e := d.listed(kv)
+	switch {
+	case s.mod == kv.ModRevision:
+	case s.create != kv.CreateRevision:
+		d.changes = append(d.changes, Change[T]{Kind: Deleted, Key: e.Key, Prev: d.saved(s)}, Change[T]{Kind: Created, Key: e.Key, Entry: e})
+	default:
+		d.changes = append(d.changes, Change[T]{Kind: Updated, Key: e.Key, Entry: e, Prev: d.saved(s)})
+	}
+}
+
+func (d *savedDiffer[T]) stateOnly(key string, s savedEntry) {
+	d.changes = append(d.changes, Change[T]{Kind: Deleted, Key: key, Prev: d.saved(s)})
+}
