@@ -39,7 +39,7 @@ func WithSave() Option { return func(o *options) { o.warm.keep = true } }
 // WithRestore starts the view from a state Save wrote, read from r in New,
 // instead of listing its range: the view watches from the saved revision
 // on, and New returns once it has applied every change the server made
-// since (as fresh as a listing would be). Subscribe(rev+1), rev from
+// since (as fresh as a listing would be). Subscribe(ctx, rev), rev from
 // Restored, gets first one Events batch from the saved revision with those
 // changes, or with none when the range did not change (and no batch when
 // the cluster wrote nothing at all since: there is no revision to report).
@@ -110,8 +110,8 @@ type warm[T any] struct {
 // Restored returns the revision of the saved state the view started from
 // (WithRestore, WithStateFile), or 0 when it listed its range instead; then
 // err says why the saved state was refused (a *RestoreError), or is nil
-// when there was none to restore. Subscribe(rev+1) gets what changed since
-// the save first (see WithRestore); after a listing, rev+1 is 1: a Resync.
+// when there was none to restore. Subscribe(ctx, rev) gets what changed
+// since the save first (see WithRestore); after a listing, rev is 0: a Resync.
 func (v *View[T]) Restored() (rev int64, err error) {
 	return v.core.warm.restored, v.core.warm.refused
 }
