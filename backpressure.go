@@ -161,7 +161,9 @@ func (d *dispatcher) stallShared() {
 // stream, or is paused once it may stall no longer.
 func (d *dispatcher) deliver(w *Watch, r Response) {
 	start, behind := w.out.push(r, d.s.limit)
-	if start {
+	if start && w.out.to != nil {
+		w.out.to.schedule(w)
+	} else if start {
 		d.s.hooks.at(hookPumpStart)
 		d.s.pumps.Add(1)
 		go w.pump(w.out.backlog.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.

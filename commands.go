@@ -24,7 +24,7 @@ func (c createCmd) handle(d *dispatcher) { d.handleCreate(c.ws, c.ctx) }
 func (c createCmd) refuse(err error) {
 	for _, w := range c.ws {
 		w.tellCreated(err)
-		w.out.abort(err)
+		w.abort(err)
 	}
 }
 

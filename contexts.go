@@ -55,7 +55,7 @@ func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 	cause := context.Cause(g.ctx)
 	for w := range g.watches {
 		w.entry.group = nil
-		if w.out.abort(cause) {
+		if w.abort(cause) {
 			d.handleCancel(w)
 		}
 	}

@@ -12,7 +12,7 @@ func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 	for _, w := range ws {
 		if d.failed != nil {
 			w.tellCreated(d.failed)
-			w.out.abort(d.failed)
+			w.abort(d.failed)
 			continue
 		}
 		d.bind(w, ctx)

@@ -7,19 +7,21 @@ import (
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 )
 
-// delivery is a watch's consumer side: the channel the consumer reads, and
-// the backlog waiting for a consumer that is behind. The dispatcher pushes
-// into it; the pump goroutine (while there is a backlog) and the consumer
-// take from it; Cancel ends it. They share the fields under mu; ch,
-// delivered and over are read without it.
+// delivery is a watch's consumer side: the channel the consumer reads, or
+// the Handler that calls for it, and the backlog waiting for a consumer
+// that is behind. The dispatcher pushes into it; the pump goroutine (while
+// there is a backlog) and the consumer, or the Handler's goroutine serving
+// it, take from it; Cancel ends it. They share the fields under mu; ch,
+// to, delivered and over are read without it.
 type delivery struct {
-	ch        chan Response // Responses(); closed exactly once, by closeOut
+	ch        chan Response // Responses(); nil with a Handler; closed exactly once, by closeOut
+	to        *Handler      // calls for the watch instead of ch; immutable
 	delivered atomic.Int64  // Revision(); written by whoever hands a Response over
 	err       error         // why the watch ended; written before over is set
 	over      atomic.Bool   // ch is closed (or about to be): Err may read err
 
 	mu      sync.Mutex
-	pumping bool          // a pump goroutine is running and owns sends on ch
+	pumping bool          // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
 	behind  bool          // the backlog reached the limit: the pump reports when it is down to half
 	ended   bool          // no more pushes are taken
 	dropped bool          // the backlog was thrown away
@@ -34,7 +36,7 @@ type delivery struct {
 type backlog struct {
 	queue  ring.Ring[Response]
 	queued load          // what is queued or held by the pump, against the buffer limit
-	stop   chan struct{} // closed, once, to make the running pump give up for good
+	stop   chan struct{} // closed, once, to make the running pump give up for good; nil with a Handler
 }
 
 // keptQueue is the largest queue buffer a watch keeps once drained.
@@ -43,8 +45,11 @@ const keptQueue = 4
 // closed is a closed channel, Done's answer once a watch without one has ended.
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (o *delivery) init(rev int64) {
-	o.ch = make(chan Response)
+func (o *delivery) init(rev int64, to *Handler) {
+	o.to = to
+	if to == nil {
+		o.ch = make(chan Response)
+	}
 	o.delivered.Store(rev)
 }
 
@@ -85,7 +90,7 @@ func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 	if o.ended {
 		return false, false
 	}
-	if !o.pumping {
+	if !o.pumping && o.to == nil {
 		select {
 		case o.ch <- r:
 			o.delivered.Store(r.Revision)
@@ -95,7 +100,10 @@ func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 	}
 	b := o.backlog
 	if b == nil {
-		b = &backlog{stop: make(chan struct{})}
+		b = &backlog{}
+		if o.to == nil {
+			b.stop = make(chan struct{})
+		}
 		o.backlog = b
 	}
 	switch last := b.queue.Last(); {
@@ -128,11 +136,7 @@ func (o *delivery) next(took load, limit bufferLimit) (r Response, ok, caughtUp 
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	b := o.backlog // made before the pump started
-	b.queued.sub(took)
-	if o.behind && limit.caughtUp(b.queued) {
-		o.behind = false
-		caughtUp = true
-	}
+	caughtUp = o.account(took, limit)
 	r, ok = b.queue.Pop()
 	if !ok {
 		o.pumping = false
@@ -161,39 +165,46 @@ func (o *delivery) giveUp() {
 
 // finish ends the watch with err once the consumer has taken its backlog:
 // the channel closes now if no pump runs, else when the pump has delivered
-// the rest. It reports whether this call ended the watch.
-func (o *delivery) finish(err error) bool {
+// the rest. It reports whether this call ended the watch, and whether the
+// caller must now schedule it on its Handler, to be told.
+func (o *delivery) finish(err error) (ended, tell bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.endLocked(err)
 }
 
 // abort ends the watch with err at once: the backlog is dropped and nothing
-// more is delivered. It reports whether this call ended the watch.
-func (o *delivery) abort(err error) bool {
+// more is delivered (but for a Handler's call in progress). It reports as
+// finish does.
+func (o *delivery) abort(err error) (ended, tell bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if b := o.backlog; !o.dropped && b != nil {
 		o.dropped = true
 		b.queue.Reset()
 		b.queued = load{}
-		if o.pumping {
+		if o.pumping && b.stop != nil {
 			close(b.stop)
 		}
 	}
 	return o.endLocked(err)
 }
 
-func (o *delivery) endLocked(err error) bool {
+func (o *delivery) endLocked(err error) (ended, tell bool) {
 	if o.ended {
-		return false
+		return false, false
 	}
 	o.ended = true
 	o.err = err
-	if !o.pumping {
+	switch {
+	case o.pumping: // the pump or the Handler ends it once the backlog is through
+	case o.to != nil: // the Handler's goroutine tells it
+		o.pumping = true
+		return true, true
+	default:
 		o.closeOut()
 	}
-	return true
+	return true, false
 }
 
 // closeOut closes the consumer's channels. Called with mu held, exactly once:
@@ -205,7 +216,9 @@ func (o *delivery) closeOut() {
 	if o.done != nil {
 		close(o.done)
 	}
-	close(o.ch)
+	if o.ch != nil {
+		close(o.ch)
+	}
 }
 
 // pump feeds w's backlog to its consumer, blocking as long as the consumer
@@ -250,4 +263,63 @@ func (o *delivery) offer(r Response, stop, closing chan struct{}) bool {
 	case <-closing:
 		return false
 	}
+}
+
+// step is what a Handler's goroutine does next with the watch it serves.
+type step uint8
+
+const (
+	stepHandle step = iota // call the Handler's function with the response
+	stepEnd                // tell the Handler the watch has ended, and let it go
+	stepIdle               // nothing to do: let it go until the next push
+)
+
+// handled accounts for what the Handler's last call for the watch took
+// (nothing at first) and returns what comes next: the head of the backlog,
+// or the watch's end, once, when the backlog is through, or nothing, which
+// ends the run. caughtUp is as for next. Called only by the Handler's
+// goroutine serving the watch.
+func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step, caughtUp bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	caughtUp = o.account(took, limit)
+	if b := o.backlog; b != nil {
+		if r, ok := b.queue.Pop(); ok {
+			return r, stepHandle, caughtUp
+		}
+		if b.queue.Cap() > keptQueue {
+			b.queue.Reset()
+		}
+	}
+	if o.ended {
+		o.closeOut() // once: the watch is never served again
+		return r, stepEnd, false
+	}
+	o.pumping = false
+	return r, stepIdle, caughtUp
+}
+
+// yield accounts for what the Handler's last call took, as handled does,
+// for a goroutine that lets the watch go to give others a turn; the watch
+// stays the Handler's to serve.
+func (o *delivery) yield(took load, limit bufferLimit) (caughtUp bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.account(took, limit)
+}
+
+// account takes what the consumer took off the backlog's load, and reports
+// whether a backlog that was behind has fallen to half the limit. Called
+// with mu held.
+func (o *delivery) account(took load, limit bufferLimit) (caughtUp bool) {
+	b := o.backlog
+	if b == nil || o.ended {
+		return false // an ended watch is resumed no more
+	}
+	b.queued.sub(took)
+	if o.behind && limit.caughtUp(b.queued) {
+		o.behind = false
+		return true
+	}
+	return false
 }

@@ -228,7 +228,7 @@ func (d *dispatcher) forget(w *Watch) {
 func (d *dispatcher) endWatch(w *Watch, err error) {
 	if !w.entry.probe {
 		w.tellCreated(err)
-		w.out.finish(err)
+		w.finish(err)
 	}
 	d.forget(w)
 }
@@ -238,7 +238,7 @@ func (d *dispatcher) endWatch(w *Watch, err error) {
 func (d *dispatcher) abortWatch(w *Watch, err error) {
 	if !w.entry.probe {
 		w.tellCreated(err)
-		w.out.abort(err)
+		w.abort(err)
 	}
 	d.forget(w)
 }

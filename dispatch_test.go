@@ -178,7 +178,7 @@ func (f *fuzzServer) step(op, arg byte) {
 				r = r.FromRevision(f.rev + int64(arg%5))
 			}
 			r.Fragment = arg%2 == 0
-			w := newWatch(f.d.l, r)
+			w := newWatch(f.d.l, r, nil)
 			f.watches = append(f.watches, w)
 			f.consume(w)
 			ws = append(ws, w)
@@ -262,7 +262,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		}
 		if arg%2 == 0 && len(f.watches) > 0 {
 			w := f.watches[int(arg/2)%len(f.watches)]
-			if w.out.abort(ErrCanceled) {
+			if w.abort(ErrCanceled) {
 				f.d.handleCancel(w)
 			}
 			return
@@ -428,7 +428,7 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
 	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 	d.sess = startSession(d.open, nil)
-	ws := []*Watch{newWatch(d.l, Key("a")), newWatch(d.l, Key("b"))}
+	ws := []*Watch{newWatch(d.l, Key("a"), nil), newWatch(d.l, Key("b"), nil)}
 	for _, w := range ws {
 		w.entry.created = make(chan created, 2)
 	}

@@ -97,3 +97,11 @@ func Settle(t testing.TB, s *Stream, d time.Duration) {
 
 // PumpsIdle reports whether every pump the Stream started has ended its run.
 func (o *Observer) PumpsIdle() bool { return o.Count(HookPumpStart) == o.Count(HookPumpDone) }
+
+// Load returns how many watches wait in h's queue, and how many of its
+// goroutines run.
+func (h *Handler) Load() (queued, running int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.queue.Len(), h.running
+}

@@ -99,7 +99,7 @@ func isNil(conn grpc.ClientConnInterface) bool {
 // Each call waits for its own confirmation; to open many watches at once,
 // use WatchAll.
 func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
-	ws, _, err := s.open(ctx, []Request{r})
+	ws, _, err := s.open(ctx, []Request{r}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -129,21 +129,39 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // confirms its create, then cancels it. So it is returned, and ends at
 // once with a *CompactedError on its channel.
 func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) {
+	return s.openAll(ctx, rs, nil)
+}
+
+// Handle opens a watch for each request, as WatchAll does, whose responses
+// go to h rather than to a channel (Responses is nil): see Handler. h may
+// be called for a watch before Handle returns. If Handle fails, every
+// watch it opened ends, and h is told of each end (WithEnded) as of any
+// other; Handle does not wait for those calls. A nil h panics.
+func (s *Stream) Handle(ctx context.Context, h *Handler, rs ...Request) ([]*Watch, error) {
+	if h == nil {
+		panic(fmt.Sprintf("%v: Handle with a nil Handler", ErrInvalidArgument))
+	}
+	return s.openAll(ctx, rs, h)
+}
+
+// openAll is WatchAll delivering to h, or to channels if h is nil.
+func (s *Stream) openAll(ctx context.Context, rs []Request, h *Handler) ([]*Watch, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
-	ws, i, err := s.open(ctx, rs)
+	ws, i, err := s.open(ctx, rs, h)
 	if err != nil && i >= 0 {
 		return nil, fmt.Errorf("request %d of %d (%s): %w", i, len(rs), rs[i], err)
 	}
 	return ws, err
 }
 
-// open creates a watch for each of rs and waits until the server has
-// confirmed all of them. On failure it cancels them all and returns the index
-// of the request that failed, or -1 when the failure concerns none in
-// particular: ctx, Close, a stream that failed for good.
-func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) {
+// open creates a watch for each of rs, delivering to h (nil: to channels),
+// and waits until the server has confirmed all of them. On failure it
+// cancels them all and returns the index of the request that failed, or -1
+// when the failure concerns none in particular: ctx, Close, a stream that
+// failed for good.
+func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, int, error) {
 	for i, r := range rs {
 		if err := r.Validate(); err != nil {
 			return nil, i, err
@@ -155,7 +173,7 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 	created := make(chan created, len(rs)) // buffered for every outcome: the dispatcher never blocks on it
 	ws := make([]*Watch, len(rs))
 	for i, r := range rs {
-		ws[i] = newWatch(s.laneFor(r), r.clone())
+		ws[i] = newWatch(s.laneFor(r), r.clone(), h)
 		ws[i].entry.created = created // the dispatcher's from here on
 	}
 	for l, lws := range byLane(ws) {
@@ -177,7 +195,7 @@ func (s *Stream) open(ctx context.Context, rs []Request) ([]*Watch, int, error) 
 func (s *Stream) cancelAll(ws []*Watch, err error) {
 	var ended []*Watch
 	for _, w := range ws {
-		if w.out.abort(err) {
+		if w.abort(err) {
 			ended = append(ended, w)
 		}
 	}
@@ -185,7 +203,9 @@ func (s *Stream) cancelAll(ws []*Watch, err error) {
 		l.command(cancelCmd{lws})
 	}
 	for _, w := range ws {
-		<-w.Done()
+		if w.out.to == nil { // a Handler's may have a call in progress: not waited for
+			<-w.Done()
+		}
 	}
 }
 

@@ -28,11 +28,13 @@ type Watch struct {
 	entry      entry    // the dispatcher's side
 }
 
-func newWatch(l *lane, r Request) *Watch {
+// newWatch returns a watch for r on l, delivering to a channel of its own,
+// or to h if h is not nil.
+func newWatch(l *lane, r Request, h *Handler) *Watch {
 	w := &Watch{lane: l, req: r}
 	w.id.Store(-1)
 	w.entry.init(r)
-	w.out.init(w.entry.rev)
+	w.out.init(w.entry.rev, h)
 	return w
 }
 
@@ -50,10 +52,12 @@ func (w *Watch) CreatedRevision() int64 { return w.createdRev }
 func (w *Watch) Request() Request { return w.req.clone() }
 
 // Responses returns the channel of responses. It is closed once the watch has
-// ended and everything it is going to deliver has been read.
+// ended and everything it is going to deliver has been read. A watch opened
+// with a Handler has none: nil.
 func (w *Watch) Responses() <-chan Response { return w.out.ch }
 
-// Done is closed when Responses is closed.
+// Done is closed when Responses is closed; for a watch opened with a
+// Handler, once the last call for it has returned, before Ended is called.
 func (w *Watch) Done() <-chan struct{} { return w.out.doneChan() }
 
 // Err returns nil while the watch runs, then why it ended: ErrCanceled, the
@@ -88,10 +92,34 @@ func (w *Watch) RequestProgress(ctx context.Context) (int64, error) {
 // without waiting for the server.
 func (w *Watch) Cancel() { w.cancelWith(ErrCanceled) }
 
-// cancelWith ends the watch on its consumer's behalf and tells the dispatcher.
+// cancelWith ends the watch on its consumer's behalf and tells the
+// dispatcher. It waits for the channel to close; a Handler's watch may have
+// a call in progress, perhaps this one's caller, and is not waited for.
 func (w *Watch) cancelWith(err error) {
-	if w.out.abort(err) {
+	if w.abort(err) {
 		w.lane.command(cancelCmd{[]*Watch{w}})
 	}
-	<-w.Done()
+	if w.out.to == nil {
+		<-w.Done()
+	}
+}
+
+// finish ends the watch with err once its consumer has taken what it
+// holds, and reports whether this call ended it.
+func (w *Watch) finish(err error) bool {
+	ended, tell := w.out.finish(err)
+	if tell {
+		w.out.to.schedule(w)
+	}
+	return ended
+}
+
+// abort ends the watch with err at once, dropping what it holds, and
+// reports whether this call ended it.
+func (w *Watch) abort(err error) bool {
+	ended, tell := w.out.abort(err)
+	if tell {
+		w.out.to.schedule(w)
+	}
+	return ended
 }

@@ -1,0 +1,154 @@
+package etcdwatch
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/etcdwatch/etcdwatch/internal/ring"
+)
+
+// Handler hands the responses of many watches to one function, called from
+// goroutines of the Handler's own, instead of a channel per watch: a million
+// watches need no million reading goroutines, and a watch opened with a
+// Handler (Stream.Handle) holds no channel at all. The Handler's goroutines
+// run only while a watch has something to deliver; an idle Handler has
+// none.
+//
+// For each watch, the function gets its responses in revision order, one
+// call at a time: the next call begins once the previous one has returned.
+// Calls for different watches run concurrently, at most WithGoroutines at
+// once. A watch whose calls fall behind is held to its buffer limit as a
+// channel consumer that does not read would be (WithBufferLimit): waited
+// for, then paused and resumed from its next revision, losing nothing.
+//
+// A call that blocks holds up its own watch and one of the Handler's
+// goroutines, so with a limit of n, n blocked calls hold up every watch of
+// the Handler (and none of any other consumer's). Keep calls short, or use
+// WithGoroutines(0) for a goroutine per watch with something to deliver.
+//
+// Its methods are safe for concurrent use. A Handler may serve watches of
+// several Streams; its zero value is not usable: call NewHandler.
+type Handler struct {
+	handle func(*Watch, Response) // immutable
+	ended  func(*Watch, error)    // immutable; nil: not told
+	max    int                    // the most goroutines at once; 0: no limit; immutable
+	wg     sync.WaitGroup         // the running goroutines: Wait
+
+	mu      sync.Mutex
+	queue   ring.Ring[*Watch] // watches with something to deliver or an end to tell, each at most once; guarded by mu
+	running int               // goroutines running; guarded by mu
+}
+
+// HandlerOption configures a Handler.
+type HandlerOption func(*Handler)
+
+// WithGoroutines sets the most calls a Handler makes at once, across all
+// its watches. Default: runtime.GOMAXPROCS(0) when NewHandler is called.
+// n <= 0 sets no limit: each watch with something to deliver gets a
+// goroutine of its own for as long as it has, so that a call that blocks
+// holds up nothing but its watch.
+func WithGoroutines(n int) HandlerOption {
+	return func(h *Handler) { h.max = max(n, 0) }
+}
+
+// WithEnded has the Handler call ended once for each of its watches, after
+// the last call of its function for it, with why the watch ended (what
+// Err returns): ErrCanceled, the context's cause, ErrClosed, a
+// *CompactedError, a *ServerError, or an error wrapping ErrStreamFailed.
+// It is called from the Handler's goroutines, possibly after the Close
+// that ended the watch has returned. Default: nobody is told (Done and Err
+// still say it).
+func WithEnded(ended func(w *Watch, err error)) HandlerOption {
+	return func(h *Handler) { h.ended = ended }
+}
+
+// NewHandler returns a Handler calling handle with each response of its
+// watches. It panics if handle is nil.
+func NewHandler(handle func(w *Watch, r Response), opts ...HandlerOption) *Handler {
+	if handle == nil {
+		panic(fmt.Sprintf("%v: NewHandler with a nil function", ErrInvalidArgument))
+	}
+	h := &Handler{handle: handle, max: runtime.GOMAXPROCS(0)}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
+
+// Wait waits until the Handler has nothing to do: no call running and none
+// due. Once the Streams of its watches are closed, it returns after the
+// last call for them (Ended included), and the Handler's goroutines have
+// returned.
+func (h *Handler) Wait() { h.wg.Wait() }
+
+// schedule queues w, whose delivery it now serves, for one of the
+// goroutines, starting one if the limit allows. Called with w's delivery
+// locked, or by whoever took the right to serve it from push.
+func (h *Handler) schedule(w *Watch) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.queue.Push(w)
+	if h.max == 0 || h.running < h.max {
+		h.running++
+		h.wg.Add(1)
+		go h.work() // returns once the queue is empty; Wait waits for it
+	}
+}
+
+// take returns the next watch to serve, or ends the goroutine's run when
+// there is none (!ok).
+func (h *Handler) take() (w *Watch, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w, ok = h.queue.Pop()
+	if !ok {
+		h.running--
+		if h.queue.Cap() > keptQueue<<10 {
+			h.queue.Reset() // a burst's buffer goes
+		}
+	}
+	return w, ok
+}
+
+// work serves queued watches until none is left.
+func (h *Handler) work() {
+	defer h.wg.Done()
+	for w, ok := h.take(); ok; w, ok = h.take() {
+		h.serve(w)
+	}
+}
+
+// handlerTurn is how many responses of one watch a goroutine hands over
+// before it lets the other queued watches have a turn.
+const handlerTurn = 16
+
+// serve hands w up to handlerTurn responses, or its end, and queues it
+// again if it has more.
+func (h *Handler) serve(w *Watch) {
+	s := w.lane.s
+	var took load
+	for range handlerTurn {
+		r, step, caughtUp := w.out.handled(took, s.limit)
+		if caughtUp {
+			w.lane.command(resumeCmd{w})
+		}
+		switch step {
+		case stepIdle:
+			return
+		case stepEnd:
+			if h.ended != nil {
+				h.ended(w, w.out.err)
+			}
+			return
+		}
+		took = weigh(r)                   // before the function, which owns r, can change it
+		w.out.delivered.Store(r.Revision) // in its hands: Revision is r's during the call
+		h.handle(w, r)
+		s.hooks.at(hookTook)
+	}
+	if w.out.yield(took, s.limit) {
+		w.lane.command(resumeCmd{w})
+	}
+	h.schedule(w)
+}

@@ -1,0 +1,361 @@
+package etcdwatch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/etcdwatch/etcdwatch"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+)
+
+// recorder is a Handler's function and WithEnded for tests: it records
+// every call, and what no Handler may do (two calls for one watch at once,
+// a call after Ended).
+type recorder struct {
+	gate chan struct{} // when not nil, each call waits for it to close
+
+	mu       sync.Mutex
+	revs     map[*etcdwatch.Watch][]int64 // each watch's events (ModRevision) in the order handed over; a bookmark's revision
+	calls    map[*etcdwatch.Watch]int     // each watch's calls (responses waiting together are joined into one)
+	calling  map[*etcdwatch.Watch]bool
+	ends     map[*etcdwatch.Watch]error
+	broken   []string      // what a Handler did that it must not
+	running  int           // calls in progress
+	changed  chan struct{} // closed and replaced at each call's start and end
+	doneSeen map[*etcdwatch.Watch]bool
+}
+
+func newRecorder() *recorder {
+	return &recorder{
+		revs: map[*etcdwatch.Watch][]int64{}, calls: map[*etcdwatch.Watch]int{}, calling: map[*etcdwatch.Watch]bool{},
+		ends: map[*etcdwatch.Watch]error{}, changed: make(chan struct{}), doneSeen: map[*etcdwatch.Watch]bool{},
+	}
+}
+
+// handler returns a Handler of rec with opts.
+func (rec *recorder) handler(opts ...etcdwatch.HandlerOption) *etcdwatch.Handler {
+	return etcdwatch.NewHandler(rec.handle, append([]etcdwatch.HandlerOption{etcdwatch.WithEnded(rec.ended)}, opts...)...)
+}
+
+func (rec *recorder) handle(w *etcdwatch.Watch, r etcdwatch.Response) {
+	rec.update(func() {
+		if rec.calling[w] {
+			rec.broken = append(rec.broken, fmt.Sprintf("two calls at once for watch %d", w.ID()))
+		}
+		if _, ok := rec.ends[w]; ok {
+			rec.broken = append(rec.broken, fmt.Sprintf("a call for watch %d after Ended", w.ID()))
+		}
+		rec.calling[w] = true
+		rec.running++
+		rec.calls[w]++
+		for _, e := range r.Events {
+			rec.revs[w] = append(rec.revs[w], e.ModRevision)
+		}
+		if len(r.Events) == 0 {
+			rec.revs[w] = append(rec.revs[w], r.Revision)
+		}
+	})
+	if rec.gate != nil {
+		<-rec.gate
+	}
+	runtime.Gosched() // give a second goroutine for the same watch its chance to be caught
+	rec.update(func() {
+		rec.calling[w] = false
+		rec.running--
+	})
+}
+
+func (rec *recorder) ended(w *etcdwatch.Watch, err error) {
+	select {
+	case <-w.Done():
+	default:
+		err = fmt.Errorf("Done not closed at Ended: %w", err)
+	}
+	rec.update(func() {
+		if rec.calling[w] {
+			rec.broken = append(rec.broken, fmt.Sprintf("Ended during a call for watch %d", w.ID()))
+		}
+		if _, ok := rec.ends[w]; ok {
+			rec.broken = append(rec.broken, fmt.Sprintf("Ended twice for watch %d", w.ID()))
+		}
+		rec.ends[w] = err
+	})
+}
+
+func (rec *recorder) update(f func()) {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	f()
+	close(rec.changed)
+	rec.changed = make(chan struct{})
+}
+
+// await waits until cond holds, checked under rec's lock.
+func (rec *recorder) await(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.After(wait)
+	for {
+		rec.mu.Lock()
+		ok, changed := cond(), rec.changed
+		rec.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("not in time: %s", what)
+		}
+	}
+}
+
+// check fails t if the Handler broke its contract.
+func (rec *recorder) check(t *testing.T) {
+	t.Helper()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Empty(t, rec.broken)
+}
+
+// handleAsync calls Handle in a goroutine; the result arrives on the channel.
+func (h *harness) handleAsync(ctx context.Context, hd *etcdwatch.Handler, rs ...etcdwatch.Request) <-chan watchAllResult {
+	ch := make(chan watchAllResult, 1)
+	go func() {
+		ws, err := h.s.Handle(ctx, hd, rs...)
+		ch <- watchAllResult{ws, err}
+	}()
+	return ch
+}
+
+// handled opens watches of n keys with hd, each confirmed at revision 1.
+// When the test ends, the Stream closes and hd's goroutines are waited for.
+func (h *harness) handled(hd *etcdwatch.Handler, n int) []*etcdwatch.Watch {
+	h.t.Helper()
+	h.t.Cleanup(func() {
+		_ = h.s.Close()
+		hd.Wait()
+	})
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprint("k", i)
+	}
+	res := h.handleAsync(context.Background(), hd, keys(ks...)...)
+	for range n {
+		c := h.srv.RecvCreate(h.t)
+		h.srv.Send(h.t, ws.Created(c.WatchId, 1))
+	}
+	got := recvAll(h.t, res)
+	require.NoError(h.t, got.err)
+	for _, w := range got.ws {
+		require.Nil(h.t, w.Responses(), "a Handler's watch has no channel")
+	}
+	return got.ws
+}
+
+// TestHandlerCallsEachWatchInOrder: responses of many watches, interleaved
+// on the stream, reach the Handler's function in each watch's revision
+// order, one call at a time per watch, though three goroutines share the
+// work. Catches: a watch served by two goroutines at once, responses
+// reordered or lost across the queue, a watch left unserved.
+func TestHandlerCallsEachWatchInOrder(t *testing.T) {
+	const watches, responses = 20, 10
+	h := newHarness(t)
+	rec := newRecorder()
+	hd := rec.handler(etcdwatch.WithGoroutines(3))
+	wts := h.handled(hd, watches)
+	for rev := int64(2); rev < 2+responses; rev++ {
+		for i, w := range wts {
+			h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put(fmt.Sprint("k", i), "v", rev)))
+		}
+	}
+	want := make([]int64, responses)
+	for i := range want {
+		want[i] = int64(2 + i)
+	}
+	rec.await(t, func() bool {
+		for _, w := range wts {
+			if len(rec.revs[w]) < responses {
+				return false
+			}
+		}
+		return true
+	}, "every response handled")
+	for _, w := range wts {
+		require.Equal(t, want, rec.revs[w], "watch %d", w.ID())
+		require.Equal(t, int64(1+responses), w.Revision())
+	}
+	rec.check(t)
+	require.NoError(t, h.s.Close())
+	hd.Wait()
+	require.Len(t, rec.ends, watches)
+	for _, err := range rec.ends {
+		require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	}
+	rec.check(t)
+	queued, running := hd.Load()
+	require.Zero(t, queued+running, "Wait returned with work left")
+}
+
+// TestHandlerGoroutineLimit: a Handler makes at most WithGoroutines calls
+// at once; the other watches wait their turn in its queue, and are served
+// once a call returns. With no limit, every watch with something to
+// deliver gets a goroutine. Catches: a limit not kept, a queue not served.
+func TestHandlerGoroutineLimit(t *testing.T) {
+	for _, c := range []struct {
+		limit, running int
+	}{{2, 2}, {0, 5}} {
+		t.Run(fmt.Sprint("limit ", c.limit), func(t *testing.T) {
+			h := newHarness(t)
+			rec := newRecorder()
+			rec.gate = make(chan struct{})
+			hd := rec.handler(etcdwatch.WithGoroutines(c.limit))
+			wts := h.handled(hd, 5)
+			for i, w := range wts {
+				h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put(fmt.Sprint("k", i), "v", 2)))
+			}
+			rec.await(t, func() bool { return rec.running == c.running }, fmt.Sprint(c.running, " calls at once"))
+			h.await(func() bool { q, r := hd.Load(); return q == 5-c.running && r == c.running }, "the rest queued")
+			close(rec.gate)
+			rec.await(t, func() bool { return len(rec.revs) == 5 && rec.running == 0 }, "every watch served")
+			rec.check(t)
+		})
+	}
+}
+
+// TestHandlerEndsAfterTheLastCall: a watch the server ends still hands its
+// buffered responses to the Handler, then Ended is called once, after the
+// last call, with the watch's error, Done closed. Catches: Ended racing a
+// call in progress, buffered responses dropped at the end, Ended missing.
+func TestHandlerEndsAfterTheLastCall(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	hd := rec.handler()
+	w := h.handled(hd, 1)[0]
+	for rev := int64(2); rev <= 4; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("k0", "v", rev)))
+	}
+	h.srv.Send(t, ws.Compacted(w.ID(), 3))
+	rec.await(t, func() bool { return rec.running == 1 }, "the first call")
+	h.handledAll()
+	close(rec.gate)
+	rec.await(t, func() bool { _, ok := rec.ends[w]; return ok }, "Ended")
+	require.Equal(t, []int64{2, 3, 4}, rec.revs[w])
+	var compacted *etcdwatch.CompactedError
+	require.ErrorAs(t, rec.ends[w], &compacted)
+	require.Equal(t, w.Err(), rec.ends[w])
+	rec.check(t)
+}
+
+// TestHandlerCancelFromACall: a call may cancel its own watch: Cancel
+// returns (it does not wait for the call it is made from), nothing more is
+// handed over, and Ended follows with ErrCanceled. Catches: Cancel waiting
+// for the call it is made in (a deadlock), a buffered response handed over
+// after Cancel.
+func TestHandlerCancelFromACall(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	block := make(chan struct{})
+	var hd *etcdwatch.Handler
+	hd = etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
+		<-block
+		rec.handle(w, r)
+		w.Cancel()
+	}, etcdwatch.WithEnded(rec.ended))
+	w := h.handled(hd, 1)[0]
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("k0", "v", 2)))
+	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("k0", "v", 3)))
+	h.handledAll()
+	close(block)
+	rec.await(t, func() bool { _, ok := rec.ends[w]; return ok }, "Ended")
+	require.Equal(t, 1, rec.calls[w], "nothing after Cancel")
+	require.ErrorIs(t, rec.ends[w], etcdwatch.ErrCanceled)
+	require.Equal(t, w.ID(), h.srv.RecvCancel(t))
+	rec.check(t)
+}
+
+// TestHandlerSlowCallPausesOnlyItsWatch: while a call for one watch blocks,
+// the Handler's other goroutine serves the others; the blocked watch holds
+// its buffer limit, is paused on the server, and once its call returns it
+// resumes from its next revision and loses nothing. Catches: a slow call
+// holding up other watches, a backlog without bound, events lost or
+// repeated across the pause.
+func TestHandlerSlowCallPausesOnlyItsWatch(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithBufferLimit(2))
+	gate := make(chan struct{})
+	rec := newRecorder()
+	slowKey := []byte("k0")
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
+		if string(w.Request().Key) == string(slowKey) && r.Events[0].ModRevision == 2 {
+			<-gate
+		}
+		rec.handle(w, r)
+	}, etcdwatch.WithGoroutines(2))
+	wts := h.handled(hd, 2)
+	slow, fast := wts[0], wts[1]
+	for rev := int64(2); rev <= 6; rev++ {
+		h.srv.Send(t, ws.Events(slow.ID(), rev, ws.Put("k0", "v", rev)))
+	}
+	require.Equal(t, slow.ID(), h.srv.RecvCancel(t), "paused at its limit")
+	for rev := int64(7); rev <= 9; rev++ {
+		h.srv.Send(t, ws.Events(fast.ID(), rev, ws.Put("k1", "v", rev)))
+	}
+	rec.await(t, func() bool { return len(rec.revs[fast]) == 3 }, "the other watch served meanwhile")
+	close(gate)
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "k0", string(c.Key))
+	require.Greater(t, c.StartRevision, int64(2), "resumed after what it had")
+	h.srv.Send(t, ws.Created(c.WatchId, 9))
+	for rev := c.StartRevision; rev <= 6; rev++ {
+		h.srv.Send(t, ws.Events(c.WatchId, rev, ws.Put("k0", "v", rev)))
+	}
+	rec.await(t, func() bool { return len(rec.revs[slow]) == 5 }, "the slow watch caught up")
+	require.Equal(t, []int64{2, 3, 4, 5, 6}, rec.revs[slow], "in order, nothing lost or repeated")
+	require.EqualValues(t, 1, h.s.Stats().Pauses)
+	rec.check(t)
+}
+
+// TestHandleIsAllOrNothing: a refused create fails Handle, and every watch
+// it opened ends, Ended telling the Handler of each.
+func TestHandleIsAllOrNothing(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("first"), 1) // an echoed id: the stream is trusted to pipeline
+	rec := newRecorder()
+	hd := rec.handler()
+	t.Cleanup(hd.Wait)
+	res := h.handleAsync(context.Background(), hd, keys("a", "deny", "b")...)
+	for range 3 {
+		c := h.srv.RecvCreate(t)
+		if string(c.Key) == "deny" {
+			h.srv.Send(t, ws.CreateFailed("rpc error: code = PermissionDenied desc = etcdserver: permission denied"))
+			continue
+		}
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+	}
+	got := recvAll(t, res)
+	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
+	require.Nil(t, got.ws)
+	rec.await(t, func() bool { return len(rec.ends) == 3 }, "every watch of the call ended")
+	for _, err := range rec.ends {
+		require.Error(t, err)
+	}
+	rec.check(t)
+}
+
+// TestNewHandlerRefusesNil: a nil function, or a nil Handler, is a
+// programming error.
+func TestNewHandlerRefusesNil(t *testing.T) {
+	require.Panics(t, func() { etcdwatch.NewHandler(nil) })
+	h := newHarness(t)
+	require.PanicsWithValue(t, fmt.Sprintf("%v: Handle with a nil Handler", etcdwatch.ErrInvalidArgument), func() {
+		_, _ = h.s.Handle(context.Background(), nil, etcdwatch.Key("a"))
+	})
+	require.True(t, errors.Is(etcdwatch.ErrInvalidArgument, etcdwatch.ErrInvalidArgument))
+}
