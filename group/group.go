@@ -59,9 +59,13 @@ var _ view.Source = (*Group)(nil)
 //
 // Each Stream's gRPC stream goes where conn's balancer sends it. Over
 // package dial's connection, or a clientv3 Client's, that is round_robin
-// over the members: the Streams usually land on different members, but
-// nothing makes sure of it (the Streams' other RPCs take turns too), and
-// Streams on one member fail together. Dial spreads them for certain.
+// over the members that are ready: on a connection just made, the first
+// member connected takes every Stream (as it did in most runs of the
+// end-to-end test), and later the Streams' other RPCs take turns too, so
+// nothing spreads them over members, and Streams on one member fail
+// together. They still each have a gRPC stream, and a send loop on the
+// server, of their own: a watch catching up on one holds up no progress
+// on another. Dial spreads them over members for certain.
 func New(conn grpc.ClientConnInterface, opts ...Option) (*Group, error) {
 	if isNil(conn) {
 		return nil, fmt.Errorf("%w: conn is nil", etcdwatch.ErrInvalidArgument)
