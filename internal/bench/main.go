@@ -27,7 +27,7 @@ import (
 
 var (
 	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply,fresh,starve", "workloads to run, comma-separated")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply,fresh,starve,spread", "workloads to run, comma-separated")
 	createN        = flag.Int("create", 10000, "create: watches to open")
 	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
 	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
@@ -129,6 +129,10 @@ func main() {
 			metrics: []string{"wait_p50_ms", "wait_p99_ms", "wait_max_ms", "sync_p50_ms", "sync_p99_ms", "sync_max_ms"}},
 		{name: "starve", together: runStarve, names: starveNames, ratios: starveRatios,
 			metrics: []string{"sync_p50_ms", "sync_p99_ms", "sync_max_ms", "syncs", "during_catch_up"}},
+		// One Stream against a group of Streams on a 3-member cluster of
+		// its own; see spread.go.
+		{name: "spread", together: runSpread, names: spreadNames, ratios: spreadRatios,
+			metrics: []string{"events_per_s", "p50_ms", "p99_ms", "resume_ms", "moved_share", "before_p99_ms", "during_p50_ms", "during_p99_ms", "others_p99_ms"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
