@@ -12,6 +12,13 @@
 //	reg.MustRegister(etcdwatchprom.New("leases", leaseStream))
 //	reg.MustRegister(etcdwatchprom.NewView("flags", etcdwatch.Prefix("flags/"), flagsView))
 //
+// A GroupCollector (NewGroup) does the same for each Stream of a group of
+// Streams (package group), labelled stream="name/0", "name/1" and so on,
+// and "name/pinned" for its pinned Streams together, with one more
+// metric, etcdwatch_member_info, saying which member each Stream is on:
+//
+//	reg.MustRegister(etcdwatchprom.NewGroup("watchers", g))
+//
 // The metrics of a Stream, all prefixed etcdwatch_, and the fields they come
 // from:
 //
@@ -33,6 +40,7 @@
 //	etcdwatch_connected                       gauge    State.Connected: 1 while the server answers on the Watch stream
 //	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
 //	etcdwatch_last_error_timestamp_seconds    gauge    State.LastErrorAt, Unix time; absent before the first error
+//	etcdwatch_member_info                     gauge    a group's Streams only: 1, labelled member with the address of the member its Watch RPC is on (group.StreamInfo.Member); absent while on none
 //
 // The last error itself is not exported: its text varies without bound,
 // which a label must not. Log it (etcdwatch.WithLogger) or show State in a
@@ -152,9 +160,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // The two timestamps that may not exist yet, of the last message and of
 // the last error, are left out until they do.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	st := c.src.Stats()
-	state := c.src.State()
-	out := sender(ch)
+	c.send(sender(ch), c.src.Stats(), c.src.State())
+}
+
+// send sends st and state as the Collector's metrics.
+func (c *Collector) send(out sender, st etcdwatch.Stats, state etcdwatch.State) {
 	out.gauge(c.watches, float64(st.Watches))
 	out.gauge(c.paused, float64(st.Paused))
 	out.counter(c.creates, st.Created)

@@ -27,7 +27,7 @@ import (
 
 var (
 	reps           = flag.Int("reps", 3, "repetitions of each workload per contender")
-	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply,fresh,starve", "workloads to run, comma-separated")
+	workloadsFlag  = flag.String("workloads", "create,resume,fanout,clientonly,memory,cuts,neighbour,quorum,viewsync,viewrelist,viewapply,fresh,starve,spread", "workloads to run, comma-separated")
 	createN        = flag.Int("create", 10000, "create: watches to open")
 	resumeN        = flag.Int("resume", 5000, "resume: live watches cut and resumed")
 	fanoutN        = flag.Int("fanout", 1000, "fanout: watches on one key")
@@ -132,6 +132,10 @@ func main() {
 		// Restarts of views from saved states against listings; see warm.go.
 		{name: "warm", together: runWarm, names: warmNames, ratios: warmRatios, reps: viewRepsAtLeast3(),
 			metrics: []string{"seconds", "mb_per_view", "etcd_cpu_seconds"}},
+		// One Stream against a group of Streams on a 3-member cluster of
+		// its own; see spread.go.
+		{name: "spread", together: runSpread, names: spreadNames, ratios: spreadRatios,
+			metrics: []string{"events_per_s", "p50_ms", "p99_ms", "resume_ms", "moved_share", "before_p99_ms", "during_p50_ms", "during_p99_ms", "others_p99_ms"}},
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

@@ -1,0 +1,589 @@
+package group
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
+	"github.com/etcdwatch/etcdwatch/view"
+)
+
+// Group is a set of Streams that runs watches and views with the API of
+// one Stream, spread over its Streams and, through them, over etcd's
+// members. Its methods are safe for concurrent use.
+type Group struct {
+	own   []*slot            // the group's Streams (WithStreams), in order; fixed from New to Close
+	owned []*grpc.ClientConn // Dial's connections, closed by Close; nil with New
+	opts  options
+	base  context.Context         // ends at Close with etcdwatch.ErrClosed: Context's
+	stop  context.CancelCauseFunc // ends base
+	born  time.Time               // when New returned
+
+	mu      sync.Mutex
+	placing []int              // per own Stream: watches placed there whose call has not returned; guarded by mu
+	pinned  map[*slot]struct{} // pinned Streams open now; guarded by mu
+	retired etcdwatch.Stats    // the counters of pinned Streams closed, added together; guarded by mu
+	closed  bool               // Close has begun: nothing more opens; guarded by mu
+
+	// wg counts the goroutines the group starts: one per pinned Stream,
+	// closing it once its watch ends, and one per part of a multi-part
+	// call, each returning once its Stream has answered. Close waits for
+	// them. Add is called under mu, only while closed is false.
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// slot is one Stream of the group and the connection it is opened on.
+type slot struct {
+	name   string
+	stream *etcdwatch.Stream
+	conn   grpc.ClientConnInterface // the connection given (New) or dialed (Dial), under the tracker: pinned Streams open on it too
+	track  *tracked
+}
+
+var _ view.Source = (*Group)(nil)
+
+// New opens a Group of Streams on conn, WithStreams of them (3 by
+// default). It returns at once, as etcdwatch.Open does. Close the Group to
+// release it; conn stays open and belongs to the caller.
+//
+// Each Stream's gRPC stream goes where conn's balancer sends it. Over
+// package dial's connection, or a clientv3 Client's, that is round_robin
+// over the members that are ready: on a connection just made, the first
+// member connected takes every Stream (as it did in most runs of the
+// end-to-end test), and later the Streams' other RPCs take turns too, so
+// nothing spreads them over members, and Streams on one member fail
+// together. They still each have a gRPC stream, and a send loop on the
+// server, of their own: a watch catching up on one holds up no progress
+// on another. Dial spreads them over members for certain.
+func New(conn grpc.ClientConnInterface, opts ...Option) (*Group, error) {
+	if isNil(conn) {
+		return nil, fmt.Errorf("%w: conn is nil", etcdwatch.ErrInvalidArgument)
+	}
+	o := apply(3, opts)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.dialSet {
+		return nil, fmt.Errorf("%w: WithDialOptions is for Dial: New is given its connection", etcdwatch.ErrInvalidArgument)
+	}
+	conns := make([]grpc.ClientConnInterface, o.streams)
+	for i := range conns {
+		conns[i] = conn
+	}
+	return start(conns, nil, o)
+}
+
+// pickFirst makes a connection use its addresses in the order given:
+// the first that works, and on its failure the next.
+const pickFirst = `{"loadBalancingConfig": [{"pick_first": {}}]}`
+
+// Dial opens a Group with one Stream per endpoint (WithStreams to change
+// that), each on a connection of its own (dial.New, with
+// WithDialOptions), so that Stream i is on member i: its connection lists
+// the endpoints starting from endpoint i and uses the first that works
+// (gRPC's pick_first). When member i fails, Stream i, and only it,
+// reconnects to the next member up, whose watches resume there from their
+// own revisions; it stays there until that member fails in turn. With more
+// Streams than endpoints, Stream i is on member i modulo their number.
+//
+// Endpoints are as dial.New takes them. Close closes the connections.
+func Dial(endpoints []string, opts ...Option) (*Group, error) {
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("%w: Dial needs at least one endpoint", etcdwatch.ErrInvalidArgument)
+	}
+	o := apply(len(endpoints), opts)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	dialOpts := append(o.dial[:len(o.dial):len(o.dial)], dial.WithGRPCOptions(grpc.WithDefaultServiceConfig(pickFirst)))
+	owned := make([]*grpc.ClientConn, 0, o.streams)
+	conns := make([]grpc.ClientConnInterface, 0, o.streams)
+	for i := range o.streams {
+		k := i % len(endpoints)
+		order := append(append([]string(nil), endpoints[k:]...), endpoints[:k]...)
+		cc, err := dial.New(order, dialOpts...)
+		if err != nil {
+			closeAll(owned)
+			return nil, err
+		}
+		owned = append(owned, cc)
+		conns = append(conns, cc)
+	}
+	g, err := start(conns, owned, o)
+	if err != nil {
+		closeAll(owned)
+	}
+	return g, err
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close() // only fails if already closed
+	}
+}
+
+// start opens a Stream on each of conns.
+func start(conns []grpc.ClientConnInterface, owned []*grpc.ClientConn, o options) (*Group, error) {
+	g := &Group{
+		owned:   owned,
+		opts:    o,
+		placing: make([]int, len(conns)),
+		pinned:  map[*slot]struct{}{},
+	}
+	for i, conn := range conns {
+		sl, err := open(strconv.Itoa(i), conn, o.stream)
+		if err != nil {
+			for _, sl := range g.own {
+				_ = sl.stream.Close()
+			}
+			return nil, err
+		}
+		g.own = append(g.own, sl)
+	}
+	g.base, g.stop = context.WithCancelCause(context.Background())
+	g.born = time.Now()
+	return g, nil
+}
+
+// open opens a Stream on conn, through a tracker.
+func open(name string, conn grpc.ClientConnInterface, opts []etcdwatch.Option) (*slot, error) {
+	tc, t := track(conn)
+	s, err := etcdwatch.Open(tc, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &slot{name: name, stream: s, conn: conn, track: t}, nil
+}
+
+// isNil reports whether conn is nil or holds a nil pointer.
+func isNil(conn grpc.ClientConnInterface) bool {
+	if conn == nil {
+		return true
+	}
+	v := reflect.ValueOf(conn)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// Watch opens a watch on one of the group's Streams, chosen as the
+// package documentation says, and returns once the server confirmed it,
+// as etcdwatch.Stream.Watch does; ctx bounds the watch's life. A request
+// that sets Isolated is pinned, as by WatchPinned.
+//
+// The watch stays on its Stream for its whole life: when that Stream's
+// member fails, the watch resumes with the Stream on another member.
+func (g *Group) Watch(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watch, error) {
+	ws, err := g.open(ctx, []etcdwatch.Request{r}, false)
+	if err != nil {
+		return nil, err
+	}
+	return ws[0], nil
+}
+
+// WatchPinned opens a watch on a Stream of its own, for a watch that is
+// heavy (a large range, a replay of much history) or whose progress
+// matters (Watch.RequestProgress on it waits for no other watch): it
+// holds up no other watch, and none holds it up. The Stream is opened on
+// the connection of the group's Stream that placement chooses (with Dial,
+// on its member), and closed once the watch ends. Isolated is cleared in
+// the request the Stream is given (Watch.Request shows it): alone on a
+// Stream of its own, the watch needs no gRPC stream apart. Otherwise it
+// is Watch.
+func (g *Group) WatchPinned(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watch, error) {
+	ws, err := g.open(ctx, []etcdwatch.Request{r}, true)
+	if err != nil {
+		return nil, err
+	}
+	return ws[0], nil
+}
+
+// WatchAll opens a watch for each request, spread over the group's
+// Streams by placement (each isolated request pinned), with each Stream's
+// share opened by one Stream.WatchAll, all Streams at once. It returns the
+// watches in the order of rs once every one is confirmed; an empty rs
+// returns nil.
+//
+// It is all or nothing, as Stream.WatchAll is: an invalid request opens
+// nothing, and its error names it by its index in rs; when one Stream's
+// share fails (a refusal, ctx, Close), the call returns that error at
+// once, wrapped with the Stream's name, and every watch opened on the
+// other Streams is canceled, now or as soon as its Stream answers. (The
+// Stream's own error names a refused request by its place among those
+// given to that Stream, and by its range.)
+func (g *Group) WatchAll(ctx context.Context, rs ...etcdwatch.Request) ([]*etcdwatch.Watch, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	return g.open(ctx, rs, false)
+}
+
+// part is the requests of one call placed on one Stream: the indices of
+// rs given to one of the group's Streams, or the index of one request
+// pinned, with the Stream on whose connection it opens.
+type part struct {
+	on     int   // index of the group's Stream
+	pinned bool  // one request, on a Stream of its own
+	idx    []int // indices in rs, in order
+}
+
+func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) ([]*etcdwatch.Watch, error) {
+	for i, r := range rs {
+		if err := r.Validate(); err != nil {
+			if len(rs) == 1 {
+				return nil, err
+			}
+			return nil, fmt.Errorf("request %d of %d (%s): %w", i, len(rs), r, err)
+		}
+	}
+	if err := context.Cause(ctx); err != nil {
+		return nil, err
+	}
+	parts, err := g.place(rs, pinAll)
+	if err != nil {
+		return nil, err
+	}
+	defer g.placed(parts)
+	if len(parts) == 1 { // the common case, on this goroutine
+		p := parts[0]
+		ws, err := g.openPart(ctx, rs, p)
+		if err != nil && len(rs) > 1 {
+			err = g.partError(p, err)
+		}
+		return ws, err
+	}
+	c := &multiCall{ws: make([]*etcdwatch.Watch, len(rs)), left: len(parts), done: make(chan struct{})}
+	for _, p := range parts {
+		go func() { // returns once its Stream has answered (bounded by ctx and Close); Close waits (wg.Add in place)
+			defer g.wg.Done()
+			ws, err := g.openPart(ctx, rs, p)
+			if err != nil {
+				err = g.partError(p, err)
+			}
+			c.finish(p, ws, err)
+		}()
+	}
+	<-c.done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, c.err
+	}
+	return c.ws, nil
+}
+
+// partError says which Stream a part's error came from.
+func (g *Group) partError(p part, err error) error {
+	if p.pinned {
+		return fmt.Errorf("pinned stream for request %d: %w", p.idx[0], err)
+	}
+	return fmt.Errorf("stream %s: %w", g.own[p.on].name, err)
+}
+
+// multiCall gathers the parts of a call spread over several Streams.
+type multiCall struct {
+	mu   sync.Mutex
+	ws   []*etcdwatch.Watch // by index in rs, filled as parts succeed
+	err  error              // the first part's failure
+	left int                // parts not yet finished, while none failed
+	done chan struct{}      // closed once every part succeeded, or one failed
+}
+
+// finish records a part's outcome. After a failure, the watches of the
+// parts that succeeded, before or after it, are canceled.
+func (c *multiCall) finish(p part, ws []*etcdwatch.Watch, err error) {
+	c.mu.Lock()
+	var cancel []*etcdwatch.Watch
+	switch {
+	case err != nil && c.err == nil:
+		c.err = err
+		for _, w := range c.ws {
+			if w != nil {
+				cancel = append(cancel, w)
+			}
+		}
+		close(c.done)
+	case err != nil: // a later failure: the first is reported
+	case c.err != nil:
+		cancel = ws
+	default:
+		for k, i := range p.idx {
+			c.ws[i] = ws[k]
+		}
+		if c.left--; c.left == 0 {
+			close(c.done)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range cancel {
+		w.Cancel()
+	}
+}
+
+// openPart opens the watches of one part.
+func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([]*etcdwatch.Watch, error) {
+	if p.pinned {
+		w, err := g.openPinned(ctx, rs[p.idx[0]], p.on)
+		if err != nil {
+			return nil, err
+		}
+		return []*etcdwatch.Watch{w}, nil
+	}
+	s := g.own[p.on].stream
+	if len(p.idx) == 1 {
+		w, err := s.Watch(ctx, rs[p.idx[0]])
+		if err != nil {
+			return nil, err
+		}
+		return []*etcdwatch.Watch{w}, nil
+	}
+	sub := make([]etcdwatch.Request, len(p.idx))
+	for k, i := range p.idx {
+		sub[k] = rs[i]
+	}
+	return s.WatchAll(ctx, sub...)
+}
+
+// openPinned opens a Stream on the connection of the group's Stream on,
+// and r on it alone. A goroutine closes the Stream once the watch ends.
+func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*etcdwatch.Watch, error) {
+	sl, err := open("pinned", g.own[on].conn, g.opts.stream)
+	if err != nil {
+		return nil, err // the options opened the group's own Streams: not expected
+	}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		_ = sl.stream.Close()
+		return nil, etcdwatch.ErrClosed
+	}
+	g.pinned[sl] = struct{}{}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	r.Isolated = false
+	w, err := sl.stream.Watch(ctx, r)
+	if err != nil {
+		g.retire(sl)
+		g.wg.Done()
+		return nil, err
+	}
+	go func() { // returns once the watch has ended: Cancel, its ctx, the server, or Close closing its Stream; Close waits
+		defer g.wg.Done()
+		<-w.Done()
+		g.retire(sl)
+	}()
+	return w, nil
+}
+
+// retire closes a pinned Stream and keeps its counters.
+func (g *Group) retire(sl *slot) {
+	_ = sl.stream.Close()
+	st := sl.stream.Stats()
+	st.Watches, st.Paused = 0, 0 // gauges: none now
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.pinned, sl)
+	g.retired = add(g.retired, st)
+}
+
+// place chooses the Stream of each request, counts them as being placed
+// until placed is called, and returns the call's parts: one per Stream of
+// the group's own with requests, in order, then one per pinned request.
+// For each part it adds to wg, if there is more than one.
+func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, etcdwatch.ErrClosed
+	}
+	p := placement{cands: g.candidates()}
+	byStream := make([][]int, len(g.own))
+	var pinned []part
+	for i, r := range rs {
+		pin := pinAll || r.Isolated
+		on := p.next(pin)
+		if pin {
+			pinned = append(pinned, part{on: on, pinned: true, idx: []int{i}})
+			continue
+		}
+		byStream[on] = append(byStream[on], i)
+		g.placing[on]++
+	}
+	var parts []part
+	for on, idx := range byStream {
+		if len(idx) > 0 {
+			parts = append(parts, part{on: on, idx: idx})
+		}
+	}
+	parts = append(parts, pinned...)
+	if len(parts) > 1 {
+		g.wg.Add(len(parts))
+	}
+	return parts, nil
+}
+
+// placed ends the count of place, the call having returned: its watches
+// now count in their Streams' Stats, or are gone.
+func (g *Group) placed(parts []part) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range parts {
+		if !p.pinned {
+			g.placing[p.on] -= len(p.idx)
+		}
+	}
+}
+
+// candidates is placement's view of the Streams, the group's own first.
+// Called with mu held.
+func (g *Group) candidates() []candidate {
+	cs := make([]candidate, 0, len(g.own)+len(g.pinned))
+	for i, sl := range g.own {
+		st := sl.stream.State()
+		cs = append(cs, candidate{
+			watches: int(sl.stream.Stats().Watches) + g.placing[i],
+			healthy: healthy(st),
+			member:  sl.track.where(),
+		})
+	}
+	for sl := range g.pinned {
+		cs = append(cs, candidate{watches: 1, healthy: healthy(sl.stream.State()), member: sl.track.where(), pinned: true})
+	}
+	return cs
+}
+
+// healthy: the server answers on the Stream, or nothing has failed on it
+// yet (a Stream just opened, before its server said anything).
+func healthy(st etcdwatch.State) bool { return st.Connected || st.LastError == nil }
+
+// RequestProgress asks every Stream of the group for progress at once, as
+// Stream.RequestProgress does each (pinned Streams too), and returns the
+// lowest answer: a revision R such that every active watch of the group
+// has queued all its events <= R, and gets a bookmark at its Stream's
+// answer (>= R) after them. R is at least the highest revision the group
+// had seen when called: a Stream whose member answers below it (a member
+// behind the others) is asked again, after 10ms, then twice as long up to
+// 250ms, until it answers at or above it or ctx ends. A Stream without
+// watches is not waited for; ErrNoWatches if no Stream has any.
+//
+// It waits for the slowest Stream, as a Stream waits for its slowest
+// watch: bound ctx. A view's watch, on a Stream of its own, asks its own
+// (Watch.RequestProgress).
+func (g *Group) RequestProgress(ctx context.Context) (int64, error) {
+	if err := context.Cause(ctx); err != nil {
+		return 0, err // ended already: ask the server nothing
+	}
+	slots, err := g.slots()
+	if err != nil {
+		return 0, err
+	}
+	floor := g.Stats().Revision
+	type answer struct {
+		rev int64
+		err error
+	}
+	answers := make([]answer, len(slots))
+	var wg sync.WaitGroup
+	for i, sl := range slots {
+		wg.Go(func() { // returns with the Stream's answer, bounded by ctx; waited for below
+			answers[i].rev, answers[i].err = askAtLeast(ctx, sl.stream, floor)
+		})
+	}
+	wg.Wait()
+	rev, answered := int64(0), false
+	for _, a := range answers {
+		switch {
+		case errors.Is(a.err, etcdwatch.ErrNoWatches): // a Stream the server has nothing to answer for
+		case a.err != nil:
+			return 0, a.err
+		case !answered || a.rev < rev:
+			rev, answered = a.rev, true
+		}
+	}
+	if !answered {
+		return 0, etcdwatch.ErrNoWatches
+	}
+	return rev, nil
+}
+
+// askAtLeast asks s for progress until it answers at least floor.
+func askAtLeast(ctx context.Context, s *etcdwatch.Stream, floor int64) (int64, error) {
+	delay := 10 * time.Millisecond
+	for {
+		rev, err := s.RequestProgress(ctx)
+		if err != nil || rev >= floor {
+			return rev, err
+		}
+		if err := clock.Sleep(ctx, clock.Real, delay); err != nil {
+			return 0, err
+		}
+		delay = min(2*delay, 250*time.Millisecond)
+	}
+}
+
+// slots returns the group's Streams and the pinned ones open now, or
+// ErrClosed.
+func (g *Group) slots() ([]*slot, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, etcdwatch.ErrClosed
+	}
+	out := append([]*slot(nil), g.own...)
+	for sl := range g.pinned {
+		out = append(out, sl)
+	}
+	return out, nil
+}
+
+// Close closes every Stream of the group, pinned ones included, which
+// ends every watch with etcdwatch.ErrClosed, ends Context (views on the
+// group end with it), waits for the group's goroutines, and closes
+// Dial's connections. It is idempotent and always returns nil.
+func (g *Group) Close() error {
+	g.closeOnce.Do(func() {
+		g.mu.Lock()
+		g.closed = true
+		var pinned []*slot
+		for sl := range g.pinned {
+			pinned = append(pinned, sl)
+		}
+		g.mu.Unlock()
+		g.stop(etcdwatch.ErrClosed)
+		for _, sl := range g.own {
+			_ = sl.stream.Close()
+		}
+		for _, sl := range pinned {
+			_ = sl.stream.Close()
+		}
+		g.wg.Wait()
+		closeAll(g.owned)
+	})
+	return nil
+}
+
+// Conn returns the connection of the group's first Stream, with the
+// Streams' call options (Stream.Conn), for RPCs of a wing's own (a view's
+// Range calls).
+func (g *Group) Conn() grpc.ClientConnInterface { return g.own[0].stream.Conn() }
+
+// Context returns a context that ends at Close, with cause
+// etcdwatch.ErrClosed, for a wing's goroutines.
+func (g *Group) Context() context.Context { return g.base }
+
+// Logger returns the Streams' logger (etcdwatch.WithLogger in
+// WithStreamOptions).
+func (g *Group) Logger() *slog.Logger { return g.own[0].stream.Logger() }
+
+// RetryDelay returns how long to wait after failures (>= 1) attempts in a
+// row failed, by the Streams' WithReconnectBackoff.
+func (g *Group) RetryDelay(failures int) time.Duration { return g.own[0].stream.RetryDelay(failures) }

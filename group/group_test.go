@@ -1,0 +1,386 @@
+package group_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
+	"github.com/etcdwatch/etcdwatch/group"
+	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
+	"github.com/etcdwatch/etcdwatch/view"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func timeout() <-chan time.Time { return time.After(ws.Timeout) }
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), ws.Timeout)
+	t.Cleanup(cancel)
+	return c
+}
+
+// newGroup opens a group of n Streams on the fake's connection, closed when
+// the test ends, and waits until each has opened its Watch stream. They
+// open at once, so the fake's numbers are not the group's: see mapping.
+func newGroup(t *testing.T, f *fake, n int, opts ...group.Option) *group.Group {
+	t.Helper()
+	opts = append([]group.Option{group.WithStreams(n)}, opts...)
+	g, err := group.New(f.server.Dial(t), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, g.Close()) })
+	f.stream(n - 1)
+	return g
+}
+
+// requests returns Key requests for prefix+"0" to prefix+"n-1".
+func requests(prefix string, n int) []etcdwatch.Request {
+	rs := make([]etcdwatch.Request, n)
+	for i := range rs {
+		rs[i] = etcdwatch.Key(fmt.Sprintf("%s%d", prefix, i))
+	}
+	return rs
+}
+
+// mapping opens a watch on each of the group's n fresh Streams, keys
+// prefix0 to prefix(n-1) (placement takes fresh Streams in order), and
+// returns the fake's number of each of the group's Streams.
+func (f *fake) mapping(t *testing.T, g *group.Group, prefix string, n int) ([]*etcdwatch.Watch, []int) {
+	t.Helper()
+	watches, err := g.WatchAll(ctx(t), requests(prefix, n)...)
+	require.NoError(t, err)
+	m := make([]int, n)
+	for i := range m {
+		m[i] = f.streamOf(fmt.Sprintf("%s%d", prefix, i))
+	}
+	sorted := slices.Sorted(slices.Values(m))
+	require.Equal(t, len(m), len(slices.Compact(sorted)), "one watch on each Stream: %v", m)
+	return watches, m
+}
+
+// streamOf returns the fake stream whose watches include key.
+func (f *fake) streamOf(key string) int {
+	f.t.Helper()
+	at := -1
+	f.await(func() bool {
+		for i, fs := range f.streams {
+			if slices.Contains(fs.keys, key) {
+				at = i
+			}
+		}
+		return at >= 0
+	}, "no stream has "+key)
+	return at
+}
+
+// TestWatchesSpreadOverStreams: one WatchAll spreads its requests evenly,
+// in turn, each Stream's share in one WatchAll of its own; watches opened
+// one Watch at a time afterwards keep the balance; each Stream's Stats
+// count its own, and the group's their sum.
+func TestWatchesSpreadOverStreams(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 3)
+	_, m := f.mapping(t, g, "first", 3)
+	watches, err := g.WatchAll(ctx(t), requests("a", 9)...)
+	require.NoError(t, err)
+	require.Len(t, watches, 9)
+	for i, w := range watches {
+		require.Equal(t, fmt.Sprintf("a%d", i), string(w.Request().Key), "watches in the order of the requests")
+	}
+	for i := range 3 {
+		want := []string{fmt.Sprintf("first%d", i), fmt.Sprintf("a%d", i), fmt.Sprintf("a%d", i+3), fmt.Sprintf("a%d", i+6)}
+		require.Equal(t, want, f.keysOf(m[i]))
+	}
+	for i := range 3 {
+		_, err := g.Watch(ctx(t), etcdwatch.Key(fmt.Sprintf("b%d", i)))
+		require.NoError(t, err)
+		require.Equal(t, m[i], f.streamOf(fmt.Sprintf("b%d", i)))
+	}
+	streams := g.Streams()
+	require.Len(t, streams, 4)
+	for i, s := range streams[:3] {
+		require.Equal(t, fmt.Sprint(i), s.Name)
+		require.EqualValues(t, 5, s.Stats.Watches, "stream %d", i)
+		require.EqualValues(t, 5, s.Stats.Created, "stream %d", i)
+		require.Equal(t, "bufconn", s.Member, "the peer the stream answered from")
+		require.True(t, s.State.Connected)
+	}
+	require.Equal(t, "pinned", streams[3].Name)
+	require.Zero(t, streams[3].Stats.Created)
+	st := g.Stats()
+	require.EqualValues(t, 15, st.Watches)
+	require.EqualValues(t, 15, st.Created)
+	require.EqualValues(t, created, st.Revision)
+	require.True(t, g.State().Connected)
+
+	// A canceled watch frees its place: the next one goes there.
+	watches[4].Cancel() // a4, on stream 1
+	f.await(func() bool { return f.streams[m[1]].cancels == 1 }, "cancel")
+	_, err = g.Watch(ctx(t), etcdwatch.Key("c"))
+	require.NoError(t, err)
+	require.Equal(t, m[1], f.streamOf("c"))
+}
+
+// TestWatchAllIsAllOrNothing: one refused request fails the call, naming
+// its Stream and wrapping the refusal, and every watch the other Streams
+// opened is canceled; an invalid one opens nothing and is named by its
+// index in the call.
+func TestWatchAllIsAllOrNothing(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 3)
+	first, m := f.mapping(t, g, "first", 3)
+	for _, w := range first {
+		w.Cancel()
+	}
+	// Placement counts a Stream's watches as its Stats do: a canceled
+	// watch once its dispatcher has the cancel.
+	require.Eventually(t, func() bool { return g.Stats().Watches == 0 }, ws.Timeout, time.Millisecond)
+	rs := requests("a", 6)
+	rs[4] = etcdwatch.Key("refused/x") // on stream 1
+	_, err := g.WatchAll(ctx(t), rs...)
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	var se *etcdwatch.ServerError
+	require.ErrorAs(t, err, &se)
+	require.Contains(t, err.Error(), "stream 1: ")
+	f.await(func() bool {
+		live := 0
+		for _, fs := range f.streams {
+			live += len(fs.live)
+		}
+		return live == 0
+	}, "every confirmed watch canceled")
+	require.Eventually(t, func() bool { return g.Stats().Watches == 0 }, ws.Timeout, time.Millisecond)
+	f.mu.Lock()
+	require.Equal(t, 1+2, f.streams[m[0]].cancels) // first0, a0, a3
+	require.Equal(t, 1+1, f.streams[m[1]].cancels) // first1, a1; refused/x was never confirmed
+	require.Equal(t, 1+2, f.streams[m[2]].cancels)
+	f.mu.Unlock()
+
+	// A Stream's share answered after another's refusal: the call has
+	// returned already, and the late watch is canceled once confirmed.
+	_, err = g.WatchAll(ctx(t), etcdwatch.Key("slow/0"), etcdwatch.Key("refused/y"), etcdwatch.Key("c"))
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	close(f.slow) // only now: the call did not wait for it
+	slow := f.streamOf("slow/0")
+	f.await(func() bool { return len(f.streams[slow].live) == 0 && slices.Contains(f.streams[slow].keys, "slow/0") }, "slow/0 confirmed, then canceled")
+	require.Eventually(t, func() bool { return g.Stats().Watches == 0 }, ws.Timeout, time.Millisecond)
+
+	bad := requests("b", 3)
+	bad[2] = etcdwatch.Request{}
+	_, err = g.WatchAll(ctx(t), bad...)
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+	require.ErrorContains(t, err, "request 2 of 3")
+	_, err = g.Watch(ctx(t), etcdwatch.Request{})
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+	require.NotContains(t, err.Error(), "request 0")
+	f.mu.Lock()
+	for _, fs := range f.streams {
+		require.NotContains(t, fs.keys, "b0", "an invalid request opens nothing")
+	}
+	f.mu.Unlock()
+
+	none, err := g.WatchAll(ctx(t))
+	require.NoError(t, err)
+	require.Nil(t, none)
+}
+
+// TestPinned: WatchPinned, an isolated request and a view's watch each
+// get a Stream of their own, which the others' placement leaves alone; it
+// closes when its watch ends, and its counters stay in the group's.
+func TestPinned(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	big, err := g.WatchPinned(ctx(t), etcdwatch.Prefix("big/"))
+	require.NoError(t, err)
+	require.Equal(t, 3, f.opened(), "a Stream of its own")
+	require.Equal(t, []string{"big/"}, f.keysOf(2))
+	require.False(t, big.Request().Isolated, "alone on its Stream, it needs no isolated lane")
+
+	iso := etcdwatch.Key("iso")
+	iso.Isolated = true
+	watches, err := g.WatchAll(ctx(t), etcdwatch.Key("a"), iso, etcdwatch.Key("b"))
+	require.NoError(t, err)
+	require.Equal(t, 4, f.opened())
+	require.Equal(t, []string{"iso"}, f.keysOf(3))
+	require.ElementsMatch(t, []int{0, 1}, []int{f.streamOf("a"), f.streamOf("b")}, "a and b each on one of the group's Streams")
+	require.Equal(t, "iso", string(watches[1].Request().Key))
+
+	pinned := g.Streams()[2]
+	require.Equal(t, "pinned", pinned.Name)
+	require.EqualValues(t, 2, pinned.Stats.Watches)
+	require.EqualValues(t, 4, g.Stats().Watches)
+
+	// A view's watch is isolated: it gets a Stream of its own too.
+	v, err := view.New(ctx(t), g, etcdwatch.Prefix("v/"), view.DecodeBytes)
+	require.NoError(t, err)
+	require.Equal(t, 5, f.opened())
+	require.Equal(t, []string{"v/"}, f.keysOf(4))
+	require.NoError(t, v.Close())
+
+	// Ended watches close their Streams; the counts stay.
+	big.Cancel()
+	watches[1].Cancel()
+	for _, i := range []int{2, 3, 4} {
+		f.await(func() bool { return f.streams[i].ended }, fmt.Sprintf("pinned stream %d closed", i))
+	}
+	require.Eventually(t, func() bool { return g.Streams()[2].Stats.Watches == 0 }, ws.Timeout, time.Millisecond)
+	pinned = g.Streams()[2]
+	require.EqualValues(t, 3, pinned.Stats.Created, "closed pinned Streams keep their counts")
+	require.True(t, pinned.State.Connected, "none open: nothing down")
+	require.EqualValues(t, 2, g.Stats().Watches)
+	require.EqualValues(t, 5, g.Stats().Created)
+}
+
+// TestRequestProgress: every Stream with watches is asked, pinned ones
+// too, and the lowest answer is the group's; a Stream that answers below
+// the highest revision the group has seen is asked again; Streams without
+// watches are not waited for.
+func TestRequestProgress(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 3)
+	_, err := g.RequestProgress(ctx(t))
+	require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
+
+	_, m := f.mapping(t, g, "a", 2) // streams 0 and 1; 2 has none
+	f.answer(m[0], 30)
+	f.answer(m[1], 20)
+	rev, err := g.RequestProgress(ctx(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 20, rev)
+
+	_, err = g.WatchPinned(ctx(t), etcdwatch.Key("p")) // stream 3
+	require.NoError(t, err)
+	f.answer(m[0], 50)
+	f.answer(m[1], 45)
+	f.answer(3, 40)
+	rev, err = g.RequestProgress(ctx(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 40, rev, "the pinned Stream is asked too")
+
+	// The group has now seen 50: a Stream answering below it is behind,
+	// and is asked again until it answers at least 50.
+	require.EqualValues(t, 50, g.Stats().Revision)
+	f.answer(m[0], 70)
+	f.answer(m[1], 65)
+	f.answer(3, 45, 45, 60)
+	rev, err = g.RequestProgress(ctx(t))
+	require.NoError(t, err)
+	require.EqualValues(t, 60, rev)
+	f.mu.Lock()
+	require.Equal(t, []int64{60}, f.streams[3].progress, "asked until it answered 60")
+	f.mu.Unlock()
+
+	ended, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("gone"))
+	_, err = g.RequestProgress(ended)
+	require.EqualError(t, err, "gone")
+}
+
+// TestOnlyTheFailedStreamMoves: when one Stream's gRPC stream fails, its
+// watches, and only its, are re-created on its next one; while it is not
+// answered again, new watches avoid it; Stats say which Stream moved.
+func TestOnlyTheFailedStreamMoves(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 3, group.WithStreamOptions(etcdwatch.WithReconnectBackoff(time.Millisecond, 10*time.Millisecond)))
+	watches, m := f.mapping(t, g, "a", 3)
+
+	f.mu.Lock()
+	f.holdNext = true
+	f.mu.Unlock()
+	f.stream(m[0]).st.Close(status.Error(codes.Unavailable, "member going away"))
+	replacement := f.stream(3) // stream 0's next, held
+	require.Eventually(t, func() bool { return !g.Streams()[0].State.Connected }, ws.Timeout, time.Millisecond)
+	require.Eventually(t, func() bool { return g.Streams()[0].Member == "" }, ws.Timeout, time.Millisecond,
+		"the member is forgotten with its RPC")
+	require.False(t, g.State().Connected)
+
+	// Stream 0 has the fewest watches, but failed: a new watch goes to 1.
+	_, err := g.Watch(ctx(t), etcdwatch.Key("new"))
+	require.NoError(t, err)
+	require.Equal(t, m[1], f.streamOf("new"))
+
+	f.release(3)
+	f.await(func() bool { return len(replacement.keys) == 1 }, "a0 re-created")
+	require.Equal(t, []string{"a0"}, f.keysOf(3))
+	require.Eventually(t, func() bool { return g.Streams()[0].Stats.Moved == 1 }, ws.Timeout, time.Millisecond)
+	streams := g.Streams()
+	require.EqualValues(t, 1, streams[0].Stats.Reconnects)
+	require.Equal(t, "bufconn", streams[0].Member)
+	for _, s := range streams[1:3] {
+		require.Zero(t, s.Stats.Reconnects, "stream %s", s.Name)
+		require.Zero(t, s.Stats.Moved, "stream %s", s.Name)
+	}
+	require.EqualValues(t, 1, g.Stats().Moved)
+	require.True(t, g.State().Connected)
+	for _, w := range watches {
+		require.NoError(t, w.Err())
+	}
+}
+
+// TestClose: Close ends every watch, pinned ones too, with ErrClosed, and
+// Context with it as cause; later calls are refused with it.
+func TestClose(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	w, err := g.Watch(ctx(t), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	p, err := g.WatchPinned(ctx(t), etcdwatch.Key("p"))
+	require.NoError(t, err)
+	require.NoError(t, g.Close())
+	for _, w := range []*etcdwatch.Watch{w, p} {
+		<-w.Done()
+		require.ErrorIs(t, w.Err(), etcdwatch.ErrClosed)
+	}
+	<-g.Context().Done()
+	require.ErrorIs(t, context.Cause(g.Context()), etcdwatch.ErrClosed)
+	_, err = g.Watch(ctx(t), etcdwatch.Key("b"))
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	_, err = g.WatchPinned(ctx(t), etcdwatch.Key("b"))
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	_, err = g.WatchAll(ctx(t), requests("b", 3)...)
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	_, err = g.RequestProgress(ctx(t))
+	require.ErrorIs(t, err, etcdwatch.ErrClosed)
+	require.NoError(t, g.Close())
+}
+
+// TestOptions: what New and Dial refuse, each with ErrInvalidArgument.
+func TestOptions(t *testing.T) {
+	f := serve(t)
+	conn := f.server.Dial(t)
+	for _, tc := range []struct {
+		name string
+		open func() (*group.Group, error)
+		want string
+	}{
+		{"nil conn", func() (*group.Group, error) { return group.New(nil) }, "conn is nil"},
+		{"no streams", func() (*group.Group, error) { return group.New(conn, group.WithStreams(0)) }, "WithStreams(0)"},
+		{"dial options on New", func() (*group.Group, error) {
+			return group.New(conn, group.WithDialOptions(dial.WithInsecure()))
+		}, "WithDialOptions is for Dial"},
+		{"a bad stream option", func() (*group.Group, error) {
+			return group.New(conn, group.WithStreamOptions(etcdwatch.WithBufferLimit(0)))
+		}, "WithBufferLimit(0)"},
+		{"no endpoints", func() (*group.Group, error) { return group.Dial(nil) }, "at least one endpoint"},
+		{"no transport security", func() (*group.Group, error) { return group.Dial([]string{"127.0.0.1:1"}) }, "WithInsecure"},
+		{"negative streams", func() (*group.Group, error) {
+			return group.Dial([]string{"127.0.0.1:1"}, group.WithStreams(-1), group.WithDialOptions(dial.WithInsecure()))
+		}, "WithStreams(-1)"},
+	} {
+		g, err := tc.open()
+		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+		require.Nil(t, g, tc.name)
+	}
+}

@@ -1,0 +1,69 @@
+package group
+
+import (
+	"fmt"
+
+	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
+)
+
+// Option configures a Group. Options are applied in order over the
+// defaults, then validated together by New or Dial.
+type Option func(*options)
+
+// options are a Group's settings, read only once validated.
+type options struct {
+	streams    int                // WithStreams'; the constructor's default unless set
+	streamsSet bool               // WithStreams was given
+	stream     []etcdwatch.Option // for every Stream, pinned ones too
+	dial       []dial.Option      // Dial's, for every connection
+	dialSet    bool               // WithDialOptions was given
+}
+
+// WithStreams sets how many Streams the group keeps (pinned ones come on
+// top): watches are spread over them. Default: with New, 3, one per member
+// of the usual cluster of three, if the connection spreads them; with
+// Dial, one per endpoint. At least 1.
+func WithStreams(n int) Option {
+	return func(o *options) { o.streams, o.streamsSet = n, true }
+}
+
+// WithStreamOptions sets the options every Stream of the group is opened
+// with, pinned ones included, as etcdwatch.Open takes them. Default: none,
+// so Open's defaults.
+func WithStreamOptions(opts ...etcdwatch.Option) Option {
+	return func(o *options) { o.stream = append(o.stream, opts...) }
+}
+
+// WithDialOptions sets the options of Dial's connections (transport
+// security, a password, gRPC's own options), as dial.New takes them; Dial
+// then adds its choice of balancing policy after them. Dial needs one of
+// dial.WithTLS, dial.WithTLSFiles or dial.WithInsecure among them, as
+// dial.New does; New refuses this option, having no connection to dial.
+// Default: none.
+func WithDialOptions(opts ...dial.Option) Option {
+	return func(o *options) {
+		o.dial = append(o.dial, opts...)
+		o.dialSet = true
+	}
+}
+
+// apply applies opts over the defaults, streams being the constructor's
+// default number of Streams.
+func apply(streams int, opts []Option) options {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if !o.streamsSet {
+		o.streams = streams
+	}
+	return o
+}
+
+func (o options) validate() error {
+	if o.streams < 1 {
+		return fmt.Errorf("%w: WithStreams(%d) must be at least 1", etcdwatch.ErrInvalidArgument, o.streams)
+	}
+	return nil
+}

@@ -1,0 +1,89 @@
+package group
+
+// candidate is what placement knows of one Stream of the group when it
+// chooses one for a watch.
+type candidate struct {
+	// watches running on the Stream now, and being placed there.
+	watches int
+	// healthy: the server answers on the Stream, or it has not failed
+	// yet (a Stream opened a moment ago, whose server has had nothing to
+	// say). A Stream that failed and has not been answered since is not.
+	healthy bool
+	// member is the address of the member the Stream's Watch RPC is on,
+	// "" while unknown (before the first response, between RPCs).
+	member string
+	// pinned: a Stream of one watch. It takes no other, but its watch
+	// weighs on its member.
+	pinned bool
+}
+
+// placement chooses the Streams of a call's watches, one at a time,
+// counting each as it goes. It is a value over a snapshot of the group's
+// Streams, the first of them the group's own (WithStreams) in order, then
+// the pinned ones; the group makes one per call, under its lock.
+//
+// The rule, for each watch:
+//  1. Only healthy Streams, if there is one: a Stream reconnecting
+//     after its member failed gets no new watch until it is answered
+//     again. Pinned Streams are never chosen.
+//  2. The member with the fewest watches, counting every Stream on it,
+//     pinned ones too; a Stream whose member is unknown counts as a
+//     member of its own. So watches spread over members, not just over
+//     Streams: two Streams that landed on one member share that member's
+//     part, and a member's failure moves as few watches as it can.
+//  3. On that member, the Stream with the fewest watches.
+//  4. Ties: the lowest index, so that placement is deterministic.
+//
+// A pinned watch gets a Stream of its own, on the connection of the
+// Stream the rule chose (with Dial, the member that Stream is on); it is
+// then counted as a pinned Stream on that member.
+type placement struct {
+	cands []candidate
+}
+
+// next returns the index of the Stream chosen for one more watch and
+// counts the watch there; for a pinned watch, the Stream whose connection
+// its own Stream opens on. It returns -1 if the group has no Stream of
+// its own to choose.
+func (p *placement) next(pinned bool) int {
+	anyHealthy := false
+	for _, c := range p.cands {
+		anyHealthy = anyHealthy || (c.healthy && !c.pinned)
+	}
+	best := -1
+	var bestLoad, bestWatches int
+	for i, c := range p.cands {
+		if c.pinned || (anyHealthy && !c.healthy) {
+			continue
+		}
+		load := p.memberLoad(i)
+		if best < 0 || load < bestLoad || (load == bestLoad && c.watches < bestWatches) {
+			best, bestLoad, bestWatches = i, load, c.watches
+		}
+	}
+	if best < 0 {
+		return -1
+	}
+	if pinned {
+		p.cands = append(p.cands, candidate{watches: 1, healthy: true, member: p.cands[best].member, pinned: true})
+	} else {
+		p.cands[best].watches++
+	}
+	return best
+}
+
+// memberLoad is the watches of every Stream on the member of Stream i, or
+// Stream i's own if its member is unknown.
+func (p *placement) memberLoad(i int) int {
+	m := p.cands[i].member
+	if m == "" {
+		return p.cands[i].watches
+	}
+	n := 0
+	for _, c := range p.cands {
+		if c.member == m {
+			n += c.watches
+		}
+	}
+	return n
+}

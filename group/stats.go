@@ -1,0 +1,121 @@
+package group
+
+import (
+	"github.com/etcdwatch/etcdwatch"
+)
+
+// StreamInfo is one Stream of the group as Streams reports it.
+type StreamInfo struct {
+	// Name is "0" to "N-1" for the group's N Streams (WithStreams), and
+	// "pinned" for the pinned Streams together.
+	Name string
+	// Member is the address of the member the Stream's Watch RPC is on,
+	// as gRPC reports the RPC's peer: "" until the first response on it,
+	// and between an RPC's end and the next one's first response. Always
+	// "" for the pinned Streams together.
+	Member string
+	// Stats are the Stream's counters. For the pinned Streams together,
+	// every pinned Stream's since New, those closed included.
+	Stats etcdwatch.Stats
+	// State is the Stream's state. For the pinned Streams together, it is
+	// connected while every pinned Stream open now is, and when none is.
+	State etcdwatch.State
+}
+
+// Streams returns each of the group's Streams, in order, then the pinned
+// Streams together: always WithStreams + 1 of them, whose Names do not
+// change, so that a metric per Stream (etcdwatchprom.NewGroup) keeps its
+// label values.
+func (g *Group) Streams() []StreamInfo {
+	out := make([]StreamInfo, 0, len(g.own)+1)
+	for _, sl := range g.own {
+		out = append(out, StreamInfo{Name: sl.name, Member: sl.track.where(), Stats: sl.stream.Stats(), State: sl.stream.State()})
+	}
+	pinned := StreamInfo{Name: "pinned", State: etcdwatch.State{Connected: true, Since: g.born}}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	pinned.Stats = g.retired
+	first := true
+	for sl := range g.pinned {
+		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
+		if st := sl.stream.State(); first {
+			pinned.State, first = st, false
+		} else {
+			pinned.State = combine(pinned.State, st)
+		}
+	}
+	return append(out, pinned)
+}
+
+// Stats returns the counters of every Stream of the group added together,
+// pinned Streams included, those closed too: Watches and Paused are the
+// watches running and paused now, and the counts are totals since New.
+// Revision and LastMessage are the highest of any Stream, IDsRewritten
+// true if it is on any. Streams gives each Stream's.
+func (g *Group) Stats() etcdwatch.Stats {
+	var total etcdwatch.Stats
+	for _, sl := range g.own {
+		total = add(total, sl.stream.Stats())
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	total = add(total, g.retired)
+	for sl := range g.pinned {
+		total = add(total, sl.stream.Stats())
+	}
+	return total
+}
+
+// State returns the group's Streams' State together, pinned ones
+// included: connected while every one is, since the latest of their
+// Since, and the latest error of any. Streams gives each Stream's.
+func (g *Group) State() etcdwatch.State {
+	st := g.own[0].stream.State()
+	for _, sl := range g.own[1:] {
+		st = combine(st, sl.stream.State())
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for sl := range g.pinned {
+		st = combine(st, sl.stream.State())
+	}
+	return st
+}
+
+// add returns a and b added together, as Stats adds them.
+func add(a, b etcdwatch.Stats) etcdwatch.Stats {
+	a.Watches += b.Watches
+	a.Paused += b.Paused
+	a.Created += b.Created
+	a.Stalls += b.Stalls
+	a.Pauses += b.Pauses
+	a.Resumes += b.Resumes
+	a.Responses += b.Responses
+	a.Events += b.Events
+	a.Fragments += b.Fragments
+	a.DuplicatesDropped += b.DuplicatesDropped
+	a.UnknownResponses += b.UnknownResponses
+	a.IDsRewritten = a.IDsRewritten || b.IDsRewritten
+	a.Reconnects += b.Reconnects
+	a.Moved += b.Moved
+	a.Revision = max(a.Revision, b.Revision)
+	if b.LastMessage.After(a.LastMessage) {
+		a.LastMessage = b.LastMessage
+	}
+	return a
+}
+
+// combine is two Streams' State as one: connected while both are, since
+// the later Since, with the later error. (A Stream's two gRPC streams are
+// combined the same way.)
+func combine(a, b etcdwatch.State) etcdwatch.State {
+	st := a
+	st.Connected = a.Connected && b.Connected
+	if b.Since.After(a.Since) {
+		st.Since = b.Since
+	}
+	if b.LastErrorAt.After(a.LastErrorAt) {
+		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
+	}
+	return st
+}
