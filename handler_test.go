@@ -263,8 +263,7 @@ func TestHandlerCancelFromACall(t *testing.T) {
 	h := newHarness(t)
 	rec := newRecorder()
 	block := make(chan struct{})
-	var hd *etcdwatch.Handler
-	hd = etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
 		<-block
 		rec.handle(w, r)
 		w.Cancel()

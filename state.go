@@ -83,6 +83,3 @@ func (st State) Explain(cause error) error {
 	}
 	return fmt.Errorf("%w (the server has not answered on a watch stream since %s: %w)", cause, st.Since.Format(time.RFC3339), st.LastError)
 }
-
-// explain is Explain for the State now.
-func (b *stateBox) explain(cause error) error { return b.get().Explain(cause) }
