@@ -166,7 +166,7 @@ func (d *dispatcher) deliver(w *Watch, r Response) {
 	} else if start {
 		d.s.hooks.at(hookPumpStart)
 		d.s.pumps.Add(1)
-		go w.pump(w.out.backlog.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.
+		go w.pump(w.out.more.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.
 	}
 	if !behind {
 		return

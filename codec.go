@@ -274,9 +274,9 @@ const (
 // the codec encodes it without building the generated messages.
 type wireRequest struct {
 	kind  requestKind
-	id    int64    // create: the id asked for; cancel: the watch to cancel
-	start int64    // create: the first revision, 0 for "from now"
-	watch *Request // create: what to watch; its Watch's, never modified
+	id    int64   // create: the id asked for; cancel: the watch to cancel
+	start int64   // create: the first revision, 0 for "from now"
+	watch *packed // create: what to watch; its Watch's, never modified
 }
 
 // Field numbers of WatchRequest and the requests it carries.
@@ -319,10 +319,10 @@ func (r *wireRequest) encode() []byte {
 
 // filters returns the packed filter list of a create, in encoded form.
 func (r *wireRequest) filters() (f [2]byte, n int) {
-	if r.watch.NoPut {
+	if r.watch.has(optNoPut) {
 		f[n], n = 0, n+1 // NOPUT
 	}
-	if r.watch.NoDelete {
+	if r.watch.has(optNoDelete) {
 		f[n], n = 1, n+1 // NODELETE
 	}
 	return f, n
@@ -330,26 +330,26 @@ func (r *wireRequest) filters() (f [2]byte, n int) {
 
 func (r *wireRequest) appendCreate(b []byte) []byte {
 	w := r.watch
-	b = appendBytesField(b, fieldCreateKey, w.Key)
-	b = appendBytesField(b, fieldCreateRangeEnd, w.End)
+	b = appendBytesField(b, fieldCreateKey, w.key())
+	b = appendBytesField(b, fieldCreateRangeEnd, w.end())
 	b = appendVarintField(b, fieldCreateStartRevision, uint64(r.start))
-	b = appendVarintField(b, fieldCreateProgressNotify, protowire.EncodeBool(w.ProgressNotify))
+	b = appendVarintField(b, fieldCreateProgressNotify, protowire.EncodeBool(w.has(optProgressNotify)))
 	if f, n := r.filters(); n > 0 {
 		b = appendBytesField(b, fieldCreateFilters, f[:n])
 	}
-	b = appendVarintField(b, fieldCreatePrevKV, protowire.EncodeBool(w.PrevKV))
+	b = appendVarintField(b, fieldCreatePrevKV, protowire.EncodeBool(w.has(optPrevKV)))
 	b = appendVarintField(b, fieldCreateWatchID, uint64(r.id))
-	return appendVarintField(b, fieldCreateFragment, protowire.EncodeBool(w.Fragment))
+	return appendVarintField(b, fieldCreateFragment, protowire.EncodeBool(w.has(optFragment)))
 }
 
 func (r *wireRequest) createSize() int {
 	w := r.watch
-	n := bytesFieldSize(fieldCreateKey, len(w.Key)) + bytesFieldSize(fieldCreateRangeEnd, len(w.End)) +
+	n := bytesFieldSize(fieldCreateKey, len(w.key())) + bytesFieldSize(fieldCreateRangeEnd, len(w.end())) +
 		varintFieldSize(fieldCreateStartRevision, uint64(r.start)) +
-		varintFieldSize(fieldCreateProgressNotify, protowire.EncodeBool(w.ProgressNotify)) +
-		varintFieldSize(fieldCreatePrevKV, protowire.EncodeBool(w.PrevKV)) +
+		varintFieldSize(fieldCreateProgressNotify, protowire.EncodeBool(w.has(optProgressNotify))) +
+		varintFieldSize(fieldCreatePrevKV, protowire.EncodeBool(w.has(optPrevKV))) +
 		varintFieldSize(fieldCreateWatchID, uint64(r.id)) +
-		varintFieldSize(fieldCreateFragment, protowire.EncodeBool(w.Fragment))
+		varintFieldSize(fieldCreateFragment, protowire.EncodeBool(w.has(optFragment)))
 	if _, k := r.filters(); k > 0 {
 		n += bytesFieldSize(fieldCreateFilters, k)
 	}
@@ -363,11 +363,12 @@ func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
 	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
 }
 
-func appendBytesField(b []byte, num protowire.Number, v []byte) []byte {
+func appendBytesField[B string | []byte](b []byte, num protowire.Number, v B) []byte {
 	if len(v) == 0 {
 		return b
 	}
-	return protowire.AppendBytes(protowire.AppendTag(b, num, protowire.BytesType), v)
+	b = protowire.AppendVarint(protowire.AppendTag(b, num, protowire.BytesType), uint64(len(v)))
+	return append(b, v...)
 }
 
 func varintFieldSize(num protowire.Number, v uint64) int {

@@ -35,6 +35,12 @@ func createPB(r Request, id, start int64) *pb.WatchRequest {
 	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}
 }
 
+// packedOf returns r packed, as a Watch keeps it.
+func packedOf(r Request) *packed {
+	p := pack(r)
+	return &p
+}
+
 // TestEncode: requests are byte for byte what generic protobuf writes.
 func TestEncode(t *testing.T) {
 	every := Prefix("p").WithPrevKV().WithProgressNotify().WithFragment().WithoutDeletes().FromRevision(1 << 40)
@@ -42,9 +48,9 @@ func TestEncode(t *testing.T) {
 		r    wireRequest
 		want *pb.WatchRequest
 	}{
-		{wireRequest{kind: requestCreate, id: 1, watch: &Request{Key: []byte("k")}}, createPB(Key("k"), 1, 0)},
-		{wireRequest{kind: requestCreate, id: 300, start: 7, watch: &every}, createPB(every, 300, 7)},
-		{wireRequest{kind: requestCreate, id: 2, watch: &Request{End: []byte{0}, NoPut: true}}, createPB(Request{End: []byte{0}, NoPut: true}, 2, 0)},
+		{wireRequest{kind: requestCreate, id: 1, watch: packedOf(Request{Key: []byte("k")})}, createPB(Key("k"), 1, 0)},
+		{wireRequest{kind: requestCreate, id: 300, start: 7, watch: packedOf(every)}, createPB(every, 300, 7)},
+		{wireRequest{kind: requestCreate, id: 2, watch: packedOf(Request{End: []byte{0}, NoPut: true})}, createPB(Request{End: []byte{0}, NoPut: true}, 2, 0)},
 		{wireRequest{kind: requestCancel, id: 9}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{WatchId: 9}}}},
 		{wireRequest{kind: requestCancel, id: 0}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CancelRequest{CancelRequest: &pb.WatchCancelRequest{}}}},
 		{wireRequest{kind: requestProgress}, &pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}},
@@ -70,7 +76,7 @@ func FuzzEncode(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := (&wireRequest{kind: requestCreate, id: id, start: start, watch: &r}).encode(); !bytes.Equal(got, want) {
+		if got := (&wireRequest{kind: requestCreate, id: id, start: start, watch: packedOf(r)}).encode(); !bytes.Equal(got, want) {
 			t.Fatalf("encode differs from protobuf\n got %x\nwant %x", got, want)
 		}
 	})

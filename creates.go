@@ -136,7 +136,7 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 		d.s.stats.idsRewritten.Store(true)
 	}
 	d.s.stats.created.Add(1)
-	if e := &w.entry; e.state == stateAbandoned || e.probe {
+	if e := &w.entry; e.state == stateAbandoned || e.is(probe) {
 		d.sendCancel(id)
 		d.forget(w)
 		return
@@ -169,15 +169,15 @@ func (d *dispatcher) dropUnmatched(resp *wireResponse) {
 func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 	e := &w.entry
 	switch {
-	case e.state == stateAbandoned || e.probe:
+	case e.state == stateAbandoned || e.is(probe):
 		d.forget(w)
-	case errors.Is(err, ErrUnauthenticated) && !e.authRetried:
-		e.authRetried = true
+	case errors.Is(err, ErrUnauthenticated) && !e.is(authRetried):
+		e.set(authRetried, true)
 		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
 		d.toCreate.Push(w)
 		d.sess.exit(errStaleCredentials)
 	default:
-		d.log.Warn("etcdwatch: create refused; the watch ends", "watch", w.req.String(), "reason", err.Reason)
+		d.log.Warn("etcdwatch: create refused; the watch ends", "watch", w.Request().String(), "reason", err.Reason)
 		d.endWatch(w, err)
 	}
 }
@@ -187,21 +187,21 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 	e := &w.entry
 	w.id.Store(id)
 	e.state = stateActive
-	e.authRetried = false
-	if e.moving {
-		e.moving = false
+	e.set(authRetried, false)
+	if e.is(moving) {
+		e.set(moving, false)
 		d.s.stats.moved.Add(1)
 	}
 	d.watches[id] = w
 	if e.created != nil {
 		w.createdRev = headerRev
 	}
-	if e.fromNow {
+	if e.is(fromNow) {
 		// The server starts a "from now" watch just after the revision it
 		// reads before registering it, and reports the revision it reads
 		// after; a write in between makes them differ by one. Taking one
 		// less than the header can only admit that write, never skip it.
-		e.fromNow = false
+		e.set(fromNow, false)
 		e.rev = max(headerRev-1, 0)
 		w.out.delivered.Store(e.rev)
 	}

@@ -13,30 +13,39 @@ import (
 // there is a backlog) and the consumer, or the Handler's goroutine serving
 // it, take from it; Cancel ends it. They share the fields under mu; ch,
 // to, delivered and over are read without it.
+//
+// An idle watch keeps only what every watch needs here; what some need
+// (a backlog, Done's channel, why it ended) is in more, made on first need.
 type delivery struct {
 	ch        chan Response // Responses(); nil with a Handler; closed exactly once, by closeOut
 	to        *Handler      // calls for the watch instead of ch; immutable
 	delivered atomic.Int64  // Revision(); written by whoever hands a Response over
-	err       error         // why the watch ended; written before over is set
-	over      atomic.Bool   // ch is closed (or about to be): Err may read err
+	over      atomic.Bool   // ch is closed (or about to be): Err may read more.err
 
 	mu      sync.Mutex
-	pumping bool          // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
-	behind  bool          // the backlog reached the limit: the pump reports when it is down to half
-	ended   bool          // no more pushes are taken
-	dropped bool          // the backlog was thrown away
-	backlog *backlog      // nil until the consumer first falls behind
-	done    chan struct{} // Done(); made on first call, closed by closeOut
+	pumping bool  // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
+	behind  bool  // the backlog reached the limit: the pump reports when it is down to half
+	ended   bool  // no more pushes are taken
+	dropped bool  // the backlog was thrown away
+	more    *more // nil until first needed; never nil once ended
+}
+
+// more is what a delivery needs once its consumer fell behind, Done was
+// called, or the watch ended. Guarded by the delivery's mu; err is read
+// without it once over is set.
+type more struct {
+	backlog
+	err  error         // why the watch ended; written before over is set
+	done chan struct{} // Done(); made on first call, closed by closeOut
 }
 
 // backlog holds responses for a consumer that is behind, for the pump to
 // deliver. A watch makes it when a response first finds its consumer busy,
-// and keeps it, with a small buffer, for the next burst. Guarded by the
-// delivery's mu.
+// and keeps it, with a small buffer, for the next burst.
 type backlog struct {
 	queue  ring.Ring[Response]
 	queued load          // what is queued or held by the pump, against the buffer limit
-	stop   chan struct{} // closed, once, to make the running pump give up for good; nil with a Handler
+	stop   chan struct{} // closed, once, to make the running pump give up for good; nil with a Handler, and until the first push
 }
 
 // keptQueue is the largest queue buffer a watch keeps once drained.
@@ -53,21 +62,30 @@ func (o *delivery) init(rev int64, to *Handler) {
 	o.delivered.Store(rev)
 }
 
+// extra returns more, making it on first need. Called with mu held.
+func (o *delivery) extra() *more {
+	if o.more == nil {
+		o.more = &more{}
+	}
+	return o.more
+}
+
 func (o *delivery) doneChan() <-chan struct{} {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.done == nil {
+	m := o.extra()
+	if m.done == nil {
 		if o.over.Load() {
 			return closed
 		}
-		o.done = make(chan struct{}) // made on demand: an idle watch need not carry it
+		m.done = make(chan struct{}) // made on demand: an idle watch need not carry it
 	}
-	return o.done
+	return m.done
 }
 
 func (o *delivery) errIfOver() error {
 	if o.over.Load() {
-		return o.err
+		return o.more.err // made when the watch ended, before over was set
 	}
 	return nil
 }
@@ -98,13 +116,9 @@ func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 		default:
 		}
 	}
-	b := o.backlog
-	if b == nil {
-		b = &backlog{}
-		if o.to == nil {
-			b.stop = make(chan struct{})
-		}
-		o.backlog = b
+	b := &o.extra().backlog
+	if b.stop == nil && o.to == nil {
+		b.stop = make(chan struct{})
 	}
 	switch last := b.queue.Last(); {
 	case last != nil && r.IsProgress() && last.IsProgress():
@@ -135,7 +149,7 @@ func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 func (o *delivery) next(took load, limit bufferLimit) (r Response, ok, caughtUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	b := o.backlog // made before the pump started
+	b := &o.more.backlog // made before the pump started
 	caughtUp = o.account(took, limit)
 	r, ok = b.queue.Pop()
 	if !ok {
@@ -155,8 +169,8 @@ func (o *delivery) next(took load, limit bufferLimit) (r Response, ok, caughtUp 
 func (o *delivery) giveUp() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.backlog.queue.Reset()
-	o.backlog.queued = load{}
+	o.more.queue.Reset()
+	o.more.queued = load{}
 	o.pumping = false
 	if o.ended {
 		o.closeOut()
@@ -179,7 +193,8 @@ func (o *delivery) finish(err error) (ended, tell bool) {
 func (o *delivery) abort(err error) (ended, tell bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if b := o.backlog; !o.dropped && b != nil {
+	if m := o.more; !o.dropped && m != nil {
+		b := &m.backlog
 		o.dropped = true
 		b.queue.Reset()
 		b.queued = load{}
@@ -195,7 +210,7 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 		return false, false
 	}
 	o.ended = true
-	o.err = err
+	o.extra().err = err
 	switch {
 	case o.pumping: // the pump or the Handler ends it once the backlog is through
 	case o.to != nil: // the Handler's goroutine tells it
@@ -213,8 +228,8 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 // finds Err set.
 func (o *delivery) closeOut() {
 	o.over.Store(true)
-	if o.done != nil {
-		close(o.done)
+	if d := o.more.done; d != nil {
+		close(d)
 	}
 	if o.ch != nil {
 		close(o.ch)
@@ -283,7 +298,8 @@ func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step,
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	caughtUp = o.account(took, limit)
-	if b := o.backlog; b != nil {
+	if m := o.more; m != nil {
+		b := &m.backlog
 		if r, ok := b.queue.Pop(); ok {
 			return r, stepHandle, caughtUp
 		}
@@ -312,10 +328,10 @@ func (o *delivery) yield(took load, limit bufferLimit) (caughtUp bool) {
 // whether a backlog that was behind has fallen to half the limit. Called
 // with mu held.
 func (o *delivery) account(took load, limit bufferLimit) (caughtUp bool) {
-	b := o.backlog
-	if b == nil || o.ended {
+	if o.more == nil || o.ended {
 		return false // an ended watch is resumed no more
 	}
+	b := &o.more.backlog
 	b.queued.sub(took)
 	if o.behind && limit.caughtUp(b.queued) {
 		o.behind = false

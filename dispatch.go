@@ -215,7 +215,7 @@ func (d *dispatcher) forget(w *Watch) {
 	}
 	d.endStall(w)
 	d.unbind(w)
-	if !e.probe && e.state != stateAbandoned { // an abandoned watch stopped counting then
+	if !e.is(probe) && e.state != stateAbandoned { // an abandoned watch stopped counting then
 		d.s.stats.watches.Add(-1)
 	}
 	e.state = stateDone
@@ -226,7 +226,7 @@ func (d *dispatcher) forget(w *Watch) {
 // server's or the stream's, and forgets it. Its consumer still gets what
 // was buffered for it.
 func (d *dispatcher) endWatch(w *Watch, err error) {
-	if !w.entry.probe {
+	if !w.entry.is(probe) {
 		w.tellCreated(err)
 		w.finish(err)
 	}
@@ -236,7 +236,7 @@ func (d *dispatcher) endWatch(w *Watch, err error) {
 // abortWatch ends a watch the dispatcher still tracks at once, its backlog
 // dropped, and forgets it.
 func (d *dispatcher) abortWatch(w *Watch, err error) {
-	if !w.entry.probe {
+	if !w.entry.is(probe) {
 		w.tellCreated(err)
 		w.abort(err)
 	}
@@ -356,7 +356,7 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1}
 		level = slog.LevelInfo
 	}
-	d.log.Log(context.Background(), level, "etcdwatch: server ended the watch", "watch", w.req.String(), "id", id, "err", err)
+	d.log.Log(context.Background(), level, "etcdwatch: server ended the watch", "watch", w.Request().String(), "id", id, "err", err)
 	d.endWatch(w, err)
 }
 
@@ -372,7 +372,7 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 		return
 	}
 	e := &w.entry
-	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev, e.again)
+	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev, e.again())
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		d.frags[w] = events
@@ -383,7 +383,7 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 	if len(events) == 0 {
 		return
 	}
-	e.rev = events[len(events)-1].ModRevision
+	e.advance(events[len(events)-1].ModRevision)
 	d.s.stats.events.Add(uint64(len(events)))
 	d.deliver(w, Response{Header: resp.Header, Events: events, Revision: e.rev})
 }
@@ -413,7 +413,7 @@ func (d *dispatcher) bookmark(w *Watch, h Header) {
 	if _, inside := d.frags[w]; rev < e.rev || inside {
 		return // behind the watch (a future start revision), or inside a fragmented revision
 	}
-	e.rev = rev
+	e.advance(rev)
 	d.deliver(w, Response{Header: h, Revision: rev})
 }
 

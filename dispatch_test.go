@@ -152,15 +152,15 @@ func (f *fuzzServer) consume(w *Watch) {
 		var last int64
 		for r := range w.Responses() {
 			if r.Revision < last {
-				f.t.Errorf("watch %q: revision went back from %d to %d", w.req.Key, last, r.Revision)
+				f.t.Errorf("watch %q: revision went back from %d to %d", w.req.key(), last, r.Revision)
 			}
 			last = r.Revision
 			for _, e := range r.Events {
-				if string(e.Value) != string(w.req.Key) {
-					f.t.Errorf("watch %q got an event sent for %q", w.req.Key, e.Value)
+				if string(e.Value) != w.req.key() {
+					f.t.Errorf("watch %q got an event sent for %q", w.req.key(), e.Value)
 				}
-				if e.ModRevision < w.req.Revision {
-					f.t.Errorf("watch %q from %d got revision %d", w.req.Key, w.req.Revision, e.ModRevision)
+				if e.ModRevision < w.req.revision {
+					f.t.Errorf("watch %q from %d got revision %d", w.req.key(), w.req.revision, e.ModRevision)
 				}
 			}
 		}
@@ -178,7 +178,7 @@ func (f *fuzzServer) step(op, arg byte) {
 				r = r.FromRevision(f.rev + int64(arg%5))
 			}
 			r.Fragment = arg%2 == 0
-			w := newWatch(f.d.l, r, nil)
+			w := newWatch(f.d.l, r, 0, nil)
 			f.watches = append(f.watches, w)
 			f.consume(w)
 			ws = append(ws, w)
@@ -428,7 +428,7 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
 	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 	d.sess = startSession(d.open, nil)
-	ws := []*Watch{newWatch(d.l, Key("a"), nil), newWatch(d.l, Key("b"), nil)}
+	ws := []*Watch{newWatch(d.l, Key("a"), 0, nil), newWatch(d.l, Key("b"), 1, nil)}
 	for _, w := range ws {
 		w.entry.created = make(chan created, 2)
 	}

@@ -12,23 +12,61 @@ const (
 )
 
 // entry is what the dispatcher keeps of a watch. Only the dispatcher's
-// goroutine touches it, so nothing in it is locked.
+// goroutine touches it, so nothing in it is locked. A million watches keep
+// a million entries: its small fields share one word.
 type entry struct {
-	state       watchState
-	fromNow     bool           // created with Revision 0 and not yet confirmed
-	probe       bool           // a liveness probe, not a user's watch: it has no consumer
-	authRetried bool           // refused for its credentials once; refused again, it ends
-	moving      bool           // re-created on a new stream after the last one ended, not yet confirmed
-	created     chan<- created // to Stream.open, the first create's outcome; nil once told
-	group       *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
-	reqID       int64          // id asked for in the create in flight
-	rev         int64          // every event <= rev has been queued for the consumer
-	again       int64          // a revision asked for again, whose events the server sends a second time; 0 for none
+	state   watchState
+	flags   entryFlags
+	index   int32          // of the watch's request in the call that opened it, for its Handler; immutable, read by anyone
+	created chan<- created // to Stream.open, the first create's outcome; nil once told
+	group   *ctxGroup      // the watches whose contexts end with this one's; nil if it never ends
+	reqID   int64          // id asked for in the create in flight
+	rev     int64          // every event <= rev has been queued for the consumer
 }
 
-func (e *entry) init(r Request) {
-	e.fromNow = r.Revision == 0
+// entryFlags are an entry's yes-or-no facts, one bit each.
+type entryFlags uint8
+
+const (
+	fromNow     entryFlags = 1 << iota // created with Revision 0 and not yet confirmed
+	probe                              // a liveness probe, not a user's watch: it has no consumer
+	authRetried                        // refused for its credentials once; refused again, it ends
+	moving                             // re-created on a new stream after the last one ended, not yet confirmed
+	replay                             // re-created from rev itself: the server sends rev's events a second time
+)
+
+func (e *entry) is(f entryFlags) bool { return e.flags&f != 0 }
+
+func (e *entry) set(f entryFlags, on bool) {
+	if on {
+		e.flags |= f
+	} else {
+		e.flags &^= f
+	}
+}
+
+func (e *entry) init(r Request, index int) {
+	e.set(fromNow, r.Revision == 0)
 	e.rev = max(r.Revision-1, 0)
+	e.index = int32(index)
+}
+
+// advance records that every event <= rev has been queued: rev's events,
+// if it asked for them again, have come.
+func (e *entry) advance(rev int64) {
+	if rev != e.rev {
+		e.rev = rev
+		e.set(replay, false)
+	}
+}
+
+// again is the revision whose events the server sends a second time,
+// expected, not duplicates; 0 for none.
+func (e *entry) again() int64 {
+	if e.is(replay) {
+		return e.rev
+	}
+	return 0
 }
 
 // start is the revision a create for the watch asks for: the one after
@@ -39,16 +77,16 @@ func (e *entry) init(r Request) {
 // revision the store has not reached waits for the future, and no
 // progress request on its gRPC stream is answered until the next write
 // anywhere. That revision's events, if any, come again, and are dropped as
-// expected (again). A first create asks for what its Request says.
+// expected (replay). A first create asks for what its Request says.
 func (e *entry) start(head int64) int64 {
 	switch {
-	case e.fromNow:
+	case e.is(fromNow):
 		return 0
 	case e.created == nil && e.rev >= 1 && e.rev >= head:
-		e.again = e.rev
+		e.set(replay, true)
 		return e.rev
 	}
-	e.again = 0
+	e.set(replay, false)
 	return e.rev + 1
 }
 

@@ -15,6 +15,11 @@ import (
 // run only while a watch has something to deliver; an idle Handler has
 // none.
 //
+// The function gets the watch, the index of its request in the Handle call
+// that opened it (an application with a slice of state per watch indexes
+// it, with no map and no lock), and the response. It may be called for a
+// watch before Handle returns.
+//
 // For each watch, the function gets its responses in revision order, one
 // call at a time: the next call begins once the previous one has returned.
 // Calls for different watches run concurrently, at most WithGoroutines at
@@ -30,10 +35,10 @@ import (
 // Its methods are safe for concurrent use. A Handler may serve watches of
 // several Streams; its zero value is not usable: call NewHandler.
 type Handler struct {
-	handle func(*Watch, Response) // immutable
-	ended  func(*Watch, error)    // immutable; nil: not told
-	max    int                    // the most goroutines at once; 0: no limit; immutable
-	wg     sync.WaitGroup         // the running goroutines: Wait
+	handle func(*Watch, int, Response) // immutable
+	ended  func(*Watch, error)         // immutable; nil: not told
+	max    int                         // the most goroutines at once; 0: no limit; immutable
+	wg     sync.WaitGroup              // the running goroutines: Wait
 
 	mu      sync.Mutex
 	queue   ring.Ring[*Watch] // watches with something to deliver or an end to tell, each at most once; guarded by mu
@@ -64,8 +69,8 @@ func WithEnded(ended func(w *Watch, err error)) HandlerOption {
 }
 
 // NewHandler returns a Handler calling handle with each response of its
-// watches. It panics if handle is nil.
-func NewHandler(handle func(w *Watch, r Response), opts ...HandlerOption) *Handler {
+// watches: see Handler. It panics if handle is nil.
+func NewHandler(handle func(w *Watch, i int, r Response), opts ...HandlerOption) *Handler {
 	if handle == nil {
 		panic(fmt.Sprintf("%v: NewHandler with a nil function", ErrInvalidArgument))
 	}
@@ -104,9 +109,6 @@ func (h *Handler) take() (w *Watch, ok bool) {
 	w, ok = h.queue.Pop()
 	if !ok {
 		h.running--
-		if h.queue.Cap() > keptQueue<<10 {
-			h.queue.Reset() // a burst's buffer goes
-		}
 	}
 	return w, ok
 }
@@ -138,13 +140,13 @@ func (h *Handler) serve(w *Watch) {
 			return
 		case stepEnd:
 			if h.ended != nil {
-				h.ended(w, w.out.err)
+				h.ended(w, w.Err())
 			}
 			return
 		}
 		took = weigh(r)                   // before the function, which owns r, can change it
 		w.out.delivered.Store(r.Revision) // in its hands: Revision is r's during the call
-		h.handle(w, r)
+		h.handle(w, int(w.entry.index), r)
 		s.hooks.at(hookTook)
 	}
 	if w.out.yield(took, s.limit) {

@@ -24,6 +24,7 @@ type recorder struct {
 	mu       sync.Mutex
 	revs     map[*etcdwatch.Watch][]int64 // each watch's events (ModRevision) in the order handed over; a bookmark's revision
 	calls    map[*etcdwatch.Watch]int     // each watch's calls (responses waiting together are joined into one)
+	index    map[*etcdwatch.Watch]int     // the index each watch was called with
 	calling  map[*etcdwatch.Watch]bool
 	ends     map[*etcdwatch.Watch]error
 	broken   []string      // what a Handler did that it must not
@@ -34,7 +35,7 @@ type recorder struct {
 
 func newRecorder() *recorder {
 	return &recorder{
-		revs: map[*etcdwatch.Watch][]int64{}, calls: map[*etcdwatch.Watch]int{}, calling: map[*etcdwatch.Watch]bool{},
+		revs: map[*etcdwatch.Watch][]int64{}, calls: map[*etcdwatch.Watch]int{}, index: map[*etcdwatch.Watch]int{}, calling: map[*etcdwatch.Watch]bool{},
 		ends: map[*etcdwatch.Watch]error{}, changed: make(chan struct{}), doneSeen: map[*etcdwatch.Watch]bool{},
 	}
 }
@@ -44,8 +45,12 @@ func (rec *recorder) handler(opts ...etcdwatch.HandlerOption) *etcdwatch.Handler
 	return etcdwatch.NewHandler(rec.handle, append([]etcdwatch.HandlerOption{etcdwatch.WithEnded(rec.ended)}, opts...)...)
 }
 
-func (rec *recorder) handle(w *etcdwatch.Watch, r etcdwatch.Response) {
+func (rec *recorder) handle(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
 	rec.update(func() {
+		if j, ok := rec.index[w]; ok && j != i {
+			rec.broken = append(rec.broken, fmt.Sprintf("watch %d called with index %d, then %d", w.ID(), j, i))
+		}
+		rec.index[w] = i
 		if rec.calling[w] {
 			rec.broken = append(rec.broken, fmt.Sprintf("two calls at once for watch %d", w.ID()))
 		}
@@ -187,7 +192,8 @@ func TestHandlerCallsEachWatchInOrder(t *testing.T) {
 		}
 		return true
 	}, "every response handled")
-	for _, w := range wts {
+	for i, w := range wts {
+		require.Equal(t, i, rec.index[w], "the index of its request")
 		require.Equal(t, want, rec.revs[w], "watch %d", w.ID())
 		require.Equal(t, int64(1+responses), w.Revision())
 	}
@@ -263,9 +269,9 @@ func TestHandlerCancelFromACall(t *testing.T) {
 	h := newHarness(t)
 	rec := newRecorder()
 	block := make(chan struct{})
-	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
 		<-block
-		rec.handle(w, r)
+		rec.handle(w, i, r)
 		w.Cancel()
 	}, etcdwatch.WithEnded(rec.ended))
 	w := h.handled(hd, 1)[0]
@@ -290,12 +296,11 @@ func TestHandlerSlowCallPausesOnlyItsWatch(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithBufferLimit(2))
 	gate := make(chan struct{})
 	rec := newRecorder()
-	slowKey := []byte("k0")
-	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, r etcdwatch.Response) {
-		if string(w.Request().Key) == string(slowKey) && r.Events[0].ModRevision == 2 {
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		if i == 0 && r.Events[0].ModRevision == 2 { // the first watch is slow
 			<-gate
 		}
-		rec.handle(w, r)
+		rec.handle(w, i, r)
 	}, etcdwatch.WithGoroutines(2))
 	wts := h.handled(hd, 2)
 	slow, fast := wts[0], wts[1]

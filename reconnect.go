@@ -99,7 +99,7 @@ func (d *dispatcher) requeueAll() {
 	var q ring.Ring[*Watch]
 	for _, from := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
 		for w, ok := from.Pop(); ok; w, ok = from.Pop() {
-			if w.entry.probe {
+			if w.entry.is(probe) {
 				continue // it spoke for the old stream
 			}
 			q.Push(w)
@@ -107,7 +107,7 @@ func (d *dispatcher) requeueAll() {
 	}
 	for _, w := range d.watches {
 		w.entry.state = stateCreating
-		w.entry.moving = true // counted as moved once the new stream confirms it
+		w.entry.set(moving, true) // counted as moved once the new stream confirms it
 		q.Push(w)
 	}
 	clear(d.watches)
@@ -146,13 +146,13 @@ func (d *dispatcher) probeAnswered() {
 }
 
 // probeKey is watched, and at once unwatched, by liveness probes.
-var probeKey = []byte("\x00etcdwatch-liveness-probe")
+var probeKey = pack(Key("\x00etcdwatch-liveness-probe"))
 
 // sendProbe creates and cancels a throwaway watch. Unlike a progress request,
 // which etcd 3.6+ leaves unanswered while any watch catches up or starts in
 // the future, a create is always answered, refused or not.
 func (d *dispatcher) sendProbe() {
-	d.toCreate.Push(&Watch{lane: d.l, req: Request{Key: probeKey}, entry: entry{probe: true}})
+	d.toCreate.Push(&Watch{lane: d.l, req: probeKey, entry: entry{flags: probe}})
 	d.flushCreates()
 }
 

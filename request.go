@@ -105,14 +105,6 @@ func (r Request) String() string {
 	}
 }
 
-// clone returns r with its own copies of Key and End, so that a caller who
-// reuses its buffers cannot change a running watch.
-func (r Request) clone() Request {
-	r.Key = bytes.Clone(r.Key)
-	r.End = bytes.Clone(r.End)
-	return r
-}
-
 func isFromKey(end []byte) bool { return len(end) == 1 && end[0] == 0 }
 
 // prefixEnd returns the smallest key greater than every key with prefix p,

@@ -173,7 +173,7 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	created := make(chan created, len(rs)) // buffered for every outcome: the dispatcher never blocks on it
 	ws := make([]*Watch, len(rs))
 	for i, r := range rs {
-		ws[i] = newWatch(s.laneFor(r), r.clone(), h)
+		ws[i] = newWatch(s.laneFor(r), r, i, h)
 		ws[i].entry.created = created // the dispatcher's from here on
 	}
 	for l, lws := range byLane(ws) {

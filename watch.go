@@ -18,7 +18,7 @@ type Watch struct {
 	// delivery, which the consumer and the goroutine delivering to it
 	// share under a mutex, and its entry, which only the dispatcher
 	// touches.
-	req Request      // immutable
+	req packed       // immutable
 	id  atomic.Int64 // the server's id; written by the dispatcher, read by anyone
 	// createdRev is the header revision of the first created response;
 	// written by the dispatcher before it tells the caller of Watch, which
@@ -28,12 +28,12 @@ type Watch struct {
 	entry      entry    // the dispatcher's side
 }
 
-// newWatch returns a watch for r on l, delivering to a channel of its own,
-// or to h if h is not nil.
-func newWatch(l *lane, r Request, h *Handler) *Watch {
-	w := &Watch{lane: l, req: r}
+// newWatch returns a watch for r, the i-th request of its call, on l,
+// delivering to a channel of its own, or to h if h is not nil.
+func newWatch(l *lane, r Request, i int, h *Handler) *Watch {
+	w := &Watch{lane: l, req: pack(r)}
 	w.id.Store(-1)
-	w.entry.init(r)
+	w.entry.init(r, i)
 	w.out.init(w.entry.rev, h)
 	return w
 }
@@ -49,7 +49,7 @@ func (w *Watch) ID() int64 { return w.id.Load() }
 func (w *Watch) CreatedRevision() int64 { return w.createdRev }
 
 // Request returns the request the watch was opened with.
-func (w *Watch) Request() Request { return w.req.clone() }
+func (w *Watch) Request() Request { return w.req.request() }
 
 // Responses returns the channel of responses. It is closed once the watch has
 // ended and everything it is going to deliver has been read. A watch opened

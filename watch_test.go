@@ -531,6 +531,52 @@ func TestWatchesSharingAContextEndTogether(t *testing.T) {
 	require.Equal(t, late.ID(), h.srv.RecvCancel(t))
 }
 
+// TestContextOutlivesManyOfItsWatches: a context's group lets go of the
+// watches canceled before it ends (most of them, past the point where it
+// compacts its list), and still ends every one left, each once. Catches: a
+// compaction that drops a watch still bound, or keeps a canceled one to
+// end again.
+func TestContextOutlivesManyOfItsWatches(t *testing.T) {
+	const n, kept = 200, 25
+	h := newHarness(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprint("k", i)
+	}
+	res := h.watchAllAsync(ctx, keys(ks...)...)
+	for range n {
+		c := h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(c.WatchId, 1))
+	}
+	got := recvAll(t, res)
+	require.NoError(t, got.err)
+	for i, w := range got.ws {
+		if i%7 != 0 || i/7 >= kept { // keep every seventh, kept of them
+			w.Cancel()
+			require.Equal(t, w.ID(), h.srv.RecvCancel(t))
+		}
+	}
+	cause := errors.New("shutting down")
+	cancel(cause)
+	want := map[int64]bool{}
+	for i, w := range got.ws {
+		if i%7 == 0 && i/7 < kept {
+			require.ErrorIs(t, ended(t, w), cause)
+			want[w.ID()] = true
+		} else {
+			require.ErrorIs(t, w.Err(), etcdwatch.ErrCanceled)
+		}
+	}
+	require.Len(t, want, kept)
+	released := map[int64]bool{}
+	for range kept {
+		released[h.srv.RecvCancel(t)] = true
+	}
+	require.Equal(t, want, released)
+	h.await(func() bool { return h.s.Stats().Watches == 0 })
+}
+
 // TestContextEndsBeforeCreated: a watch given up while its create is in
 // flight is canceled on the server as soon as the server confirms it.
 func TestContextEndsBeforeCreated(t *testing.T) {

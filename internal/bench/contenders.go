@@ -33,25 +33,42 @@ type contender interface {
 	watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (stop func(), err error)
 }
 
-// etcdwatchClient is this repository's client.
-type etcdwatchClient struct{ opts []etcdwatch.Option }
+// etcdwatchClient is this repository's client: a goroutine of the
+// application's reading each watch's channel, or (handler) one Handler
+// for all of them.
+type etcdwatchClient struct {
+	opts    []etcdwatch.Option
+	handler bool
+}
 
-func (etcdwatchClient) name() string { return "etcdwatch" }
+func (c etcdwatchClient) name() string {
+	if c.handler {
+		return "etcdwatch-handler"
+	}
+	return "etcdwatch"
+}
 
 func (c etcdwatchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
 	s, err := etcdwatch.Open(conn, c.opts...)
 	if err != nil {
 		return nil, err
 	}
-	watches, err := openAll(ctx, s, specs)
+	var hd *etcdwatch.Handler
+	if c.handler {
+		if out != nil && *callers > 0 {
+			return nil, fmt.Errorf("etcdwatch-handler: -callers opens one Handle call per watch, whose function cannot tell the watches apart: idle watches only")
+		}
+		hd = newHandler(out)
+	}
+	watches, err := openAll(ctx, s, specs, hd)
 	if err != nil {
 		s.Close()
 		return nil, err
 	}
 	var wg sync.WaitGroup
 	for i, w := range watches {
-		if out == nil {
-			break // idle watches: no consumers
+		if out == nil || hd != nil {
+			break // idle watches: no consumers; or the Handler's
 		}
 		wg.Go(func() { // the application's consumer; ends when the Stream closes
 			for r := range w.Responses() {
@@ -68,7 +85,21 @@ func (c etcdwatchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs
 		}
 		s.Close()
 		wg.Wait()
+		if hd != nil {
+			hd.Wait()
+		}
 	}, nil
+}
+
+// newHandler returns a Handler passing each watch's events to out, the
+// watch known by its request's index. Idle watches (out nil) get one that
+// is never called.
+func newHandler(out sink) *etcdwatch.Handler {
+	return etcdwatch.NewHandler(func(_ *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		if n := len(r.Events); n > 0 && out != nil {
+			out(i, n, r.Events[n-1].ModRevision, r.Events[n-1].Value)
+		}
+	})
 }
 
 // clientv3Client is the official client with its default settings: every
@@ -212,7 +243,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // openAll opens a watch for each spec: by one WatchAll, or with -callers
 // goroutines calling Watch.
-func openAll(ctx context.Context, s *etcdwatch.Stream, specs []spec) ([]*etcdwatch.Watch, error) {
+func openAll(ctx context.Context, s *etcdwatch.Stream, specs []spec, hd *etcdwatch.Handler) ([]*etcdwatch.Watch, error) {
 	rs := make([]etcdwatch.Request, len(specs))
 	for i, sp := range specs {
 		rs[i] = etcdwatch.Key(sp.key)
@@ -220,12 +251,24 @@ func openAll(ctx context.Context, s *etcdwatch.Stream, specs []spec) ([]*etcdwat
 			rs[i] = etcdwatch.Prefix(sp.key)
 		}
 	}
+	if *callers == 0 && hd != nil {
+		return s.Handle(ctx, hd, rs...)
+	}
 	if *callers == 0 {
 		return s.WatchAll(ctx, rs...)
 	}
 	watches := make([]*etcdwatch.Watch, len(specs))
 	err := parallel(len(specs), func(i int) error {
-		w, err := s.Watch(ctx, rs[i])
+		var w *etcdwatch.Watch
+		var err error
+		if hd != nil { // a Handle call per watch, for idle watches: its function is told index 0
+			var ws []*etcdwatch.Watch
+			if ws, err = s.Handle(ctx, hd, rs[i]); err == nil {
+				w = ws[0]
+			}
+		} else {
+			w, err = s.Watch(ctx, rs[i])
+		}
 		watches[i] = w
 		return err
 	})

@@ -38,7 +38,7 @@ var (
 	memoryChildOf  = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
 	callers        = flag.Int("callers", 0, "etcdwatch opens its watches with one WatchAll (0), or with this many goroutines calling Watch")
 	verbose        = flag.Bool("v", false, "print each etcdwatch run's stream counters")
-	contendersFlag = flag.String("contenders", "raw,clientv3,clientv3watch,etcdwatch", "contenders to run, comma-separated")
+	contendersFlag = flag.String("contenders", "raw,clientv3,clientv3watch,etcdwatch,etcdwatch-handler", "contenders to run, comma-separated")
 	cpuProfile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memProfile     = flag.String("memprofile", "", "write an allocation profile of the whole run to this file")
 )
@@ -230,14 +230,14 @@ func runWorkload(w workload) {
 		return
 	}
 	for _, m := range w.metrics {
-		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s clientv3watch/clientv3=%s\n", w.name, m,
-			ratio("etcdwatch", "clientv3", m), ratio("etcdwatch", "raw", m), ratio("clientv3watch", "clientv3", m))
+		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s etcdwatch-handler/raw=%s clientv3watch/clientv3=%s\n", w.name, m,
+			ratio("etcdwatch", "clientv3", m), ratio("etcdwatch", "raw", m), ratio("etcdwatch-handler", "raw", m), ratio("clientv3watch", "clientv3", m))
 	}
 }
 
 // allContenders returns every contender, with its default settings.
 func allContenders() []contender {
-	return []contender{rawClient{}, clientv3Client{}, clientv3watchClient{}, etcdwatchClient{}}
+	return []contender{rawClient{}, clientv3Client{}, clientv3watchClient{}, etcdwatchClient{}, etcdwatchClient{handler: true}}
 }
 
 // contenderNamed returns the contender called name, or exits.

@@ -38,9 +38,15 @@ func (r *Ring[T]) Pop() (T, bool) {
 	r.n--
 	if r.n == 0 {
 		r.head = 0
+		if len(r.buf) > keptBuffer {
+			r.buf = nil // a burst's buffer goes once drained: a queue of a million is not kept for the next
+		}
 	}
 	return v, true
 }
+
+// keptBuffer is the largest buffer a queue keeps once Pop has emptied it.
+const keptBuffer = 1024
 
 // Peek returns the head without removing it. It reports false when the
 // queue is empty.

@@ -87,3 +87,27 @@ func TestRingDeleteFunc(t *testing.T) {
 		t.Fatalf("Pop = %d, %v after deleting all", v, ok)
 	}
 }
+
+// TestRingReleasesALargeBufferOnceDrained: a queue that grew past
+// keptBuffer lets its buffer go when Pop empties it, and a small one keeps
+// its own for the next burst.
+func TestRingReleasesALargeBufferOnceDrained(t *testing.T) {
+	for _, c := range []struct{ n, kept int }{{keptBuffer, keptBuffer}, {keptBuffer + 1, 0}, {3, 4}} {
+		var r Ring[int]
+		for i := range c.n {
+			r.Push(i)
+		}
+		for i := range c.n {
+			if v, ok := r.Pop(); !ok || v != i {
+				t.Fatalf("Pop = %d, %v; want %d", v, ok, i)
+			}
+		}
+		if r.Cap() != c.kept {
+			t.Fatalf("after %d: Cap %d, want %d", c.n, r.Cap(), c.kept)
+		}
+		r.Push(7)
+		if v, _ := r.Pop(); v != 7 {
+			t.Fatalf("Pop after reuse = %d", v)
+		}
+	}
+}
