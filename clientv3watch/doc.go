@@ -66,7 +66,9 @@
 //     WithRev says); its cluster, member and term are zero, where clientv3
 //     has the server's. Event and progress responses carry the server's
 //     whole header.
-//   - Each watch has a goroutine of its own, as in clientv3, to turn
-//     etcdwatch responses into clientv3 ones; a program on etcdwatch's own
-//     API needs none.
+//   - A watch has no goroutine of its own while it has nothing to deliver
+//     (clientv3 keeps one for each watch): responses are turned into
+//     clientv3's and handed over by a goroutine that runs only while the
+//     watch has some waiting for its reader (an etcdwatch.Handler with
+//     WithGoroutines(0)).
 package clientv3watch

@@ -97,7 +97,7 @@ type watcher struct {
 	byKey  map[string]*group   // the group new watches with that metadata join; nil once closed
 	groups map[*group]struct{} // every group with a Stream, lost ones included; nil once closed
 	closed chan struct{}       // closed by Close
-	// wg counts the Watch calls under way, pumps and progress requesters.
+	// wg counts the watches (from Watch until their end) and progress requesters.
 	// Add is called under mu and only while open, so never after Close
 	// has begun to Wait.
 	wg sync.WaitGroup
@@ -121,10 +121,11 @@ func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 		return finished() // closed
 	}
 	wctx, unbind := g.bind(ctx)
-	ew, err := g.s.Watch(wctx, spec.req)
+	cw := &watch{w: w, g: g, ctx: ctx, unbind: unbind, dropEvents: spec.dropEvents, out: make(chan clientv3.WatchResponse, 1)}
+	ew, err := cw.open(wctx, spec)
 	if err != nil {
-		unbind()
-		w.release(g)
+		cw.done(true)
+		cw.release() // the watch's end will not, if Handle opened none
 		if ctx.Err() != nil {
 			return finished()
 		}
@@ -133,56 +134,11 @@ func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 		}
 		return finished()
 	}
-	out := make(chan clientv3.WatchResponse, 1)
 	if spec.createdNotify {
-		out <- createdResponse(ew)
+		cw.out <- createdResponse(ew)
 	}
-	go func() { // the watch's pump; exits when the watch ends, ctx ends or Close; Close waits for it
-		defer w.release(g)
-		defer unbind()
-		w.pump(ctx, g, ew, spec, out)
-	}()
-	return out
-}
-
-// pump hands the watch's responses over to out in clientv3's form, then
-// the final response clientv3 would send, if any, and closes out.
-func (w *watcher) pump(ctx context.Context, g *group, ew *etcdwatch.Watch, spec watchSpec, out chan<- clientv3.WatchResponse) {
-	defer close(out)
-	send := func(r clientv3.WatchResponse) bool {
-		select {
-		case out <- r:
-			return true
-		case <-ctx.Done():
-		case <-w.closed:
-		}
-		return false
-	}
-	var last etcdwatch.Header
-	for r := range ew.Responses() {
-		if g.isLost() {
-			break // anything from now on may come from another member; clientv3 drops it too
-		}
-		if spec.dropEvents && len(r.Events) > 0 {
-			continue
-		}
-		last = r.Header
-		if !send(toResponse(r)) {
-			ew.Cancel()
-			return
-		}
-	}
-	err := ew.Err()
-	if g.isLost() {
-		ew.Cancel()
-		err = errLeaderLost
-	}
-	if ctx.Err() != nil || w.isClosed() {
-		return // clientv3 closes the channel without a word
-	}
-	if resp, ok := final(err, &last); ok {
-		send(resp)
-	}
+	cw.done(false)
+	return cw.out
 }
 
 // acquire returns the group for ctx's outgoing metadata, opening its
