@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"reflect"
 	"slices"
 	"sync"
@@ -349,11 +350,26 @@ func (s *Stream) isolatedLane(open bool) *lane {
 	return s.isolated
 }
 
-// byLane groups ws by lane, keeping their order within each.
-func byLane(ws []*Watch) map[*lane][]*Watch {
-	m := make(map[*lane][]*Watch, 1)
-	for _, w := range ws {
-		m[w.lane] = append(m[w.lane], w)
+// byLane yields ws grouped by lane, keeping their order within each:
+// ws itself when all are on one lane, as they mostly are.
+func byLane(ws []*Watch) iter.Seq2[*lane, []*Watch] {
+	return func(yield func(*lane, []*Watch) bool) {
+		if len(ws) == 0 {
+			return
+		}
+		first := ws[0].lane
+		if !slices.ContainsFunc(ws, func(w *Watch) bool { return w.lane != first }) {
+			yield(first, ws)
+			return
+		}
+		m := make(map[*lane][]*Watch, 2)
+		for _, w := range ws {
+			m[w.lane] = append(m[w.lane], w)
+		}
+		for l, lws := range m {
+			if !yield(l, lws) {
+				return
+			}
+		}
 	}
-	return m
 }
