@@ -72,6 +72,29 @@ func ExampleStream_WatchAll() {
 	wg.Wait()
 }
 
+func ExampleStream_Handle() {
+	var s *etcdwatch.Stream // opened as in the package example
+	prefixes := []string{"tenants/acme/", "tenants/globex/", "tenants/initech/"}
+	rs := make([]etcdwatch.Request, len(prefixes))
+	for i, p := range prefixes {
+		rs[i] = etcdwatch.Prefix(p)
+	}
+	seen := make([]int64, len(prefixes)) // one slot per watch, by its request's index: each written by one call at a time
+	h := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		seen[i] += int64(len(r.Events))
+		fmt.Printf("%s: %d events up to revision %d\n", prefixes[i], len(r.Events), r.Revision)
+	}, etcdwatch.WithGoroutines(2), etcdwatch.WithEnded(func(w *etcdwatch.Watch, err error) {
+		fmt.Printf("watch %d ended: %v\n", w.ID(), err)
+	}))
+	ws, err := s.Handle(context.Background(), h, rs...) // no goroutine of ours per watch
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer h.Wait() // after Close: every Ended call has returned
+	defer s.Close()
+	_ = ws
+}
+
 func ExampleStream_RequestProgress() {
 	var s *etcdwatch.Stream // opened as in the package example
 	rev, err := s.RequestProgress(context.Background())

@@ -88,7 +88,10 @@ func (w *Watch) RequestProgress(ctx context.Context) (int64, error) {
 }
 
 // Cancel ends the watch. It is idempotent, and once it returns nothing more
-// is delivered and the channel is closed. The server-side watch is released
+// is delivered and the channel is closed. For a watch opened with a
+// Handler, a call may cancel its own watch; once Cancel returns, at most
+// one more call for the watch runs (one in progress, or one whose response
+// was already taken), and Ended follows. The server-side watch is released
 // without waiting for the server.
 func (w *Watch) Cancel() { w.cancelWith(ErrCanceled) }
 
