@@ -171,8 +171,8 @@ func (c *core[T]) statsNow() Stats {
 	}
 }
 
-// entry decodes a value into a new Entry; a decode error is kept in it.
-func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int64) *Entry[T] {
+// entry decodes a value into an Entry; a decode error is kept in it.
+func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int64) Entry[T] {
 	val, err := c.decode(k, v)
 	if err != nil {
 		c.stats.decodeErrors.Add(1)
@@ -180,7 +180,7 @@ func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int
 		var zero T
 		val = zero
 	}
-	return &Entry[T]{
+	return Entry[T]{
 		Key: key, Value: val, Err: err,
 		CreateRevision: create, ModRevision: mod, Version: version, Lease: lease,
 		size: len(k) + len(v),

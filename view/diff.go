@@ -2,8 +2,6 @@ package view
 
 import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
-
-	"github.com/etcdwatch/etcdwatch/internal/cow"
 )
 
 // differ builds a new state from a listing, in key order, against the
@@ -14,8 +12,8 @@ import (
 // the differ is its outcomes. Owned by the goroutine listing.
 type differ[T any] struct {
 	c      *core[T]
-	walk   *merge[*Entry[T]]
-	ed     *cow.Editor[*Entry[T]]
+	walk   *merge[Entry[T]]
+	ed     *tableEditor[T]
 	raw    raws // the values as sent, for Save (WithSave; save.go)
 	bytes  int64
 	record bool // keep changes: not for the first listing
@@ -39,50 +37,57 @@ func (d *differ[T]) stop() { d.walk.stop() }
 func (d *differ[T]) listedOnly(kv *mvccpb.KeyValue) {
 	e := d.entry(string(kv.Key), kv)
 	if d.build {
-		d.ed.Append(e.Key, e)
+		d.ed.Append(&e)
 		d.raw.add(e.Key, kv.Value)
 	} else {
-		d.ed.Set(e.Key, e)
+		d.ed.Set(&e)
 		d.raw.set(e.Key, kv.Value)
 	}
 	d.bytes += int64(e.size)
-	d.note(Change[T]{Kind: Created, Key: e.Key, Entry: e})
+	if d.record {
+		d.note(Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
+	}
 }
 
 // both replaces old, whose key the listing has, if its revision moved.
-func (d *differ[T]) both(old *Entry[T], kv *mvccpb.KeyValue) {
+func (d *differ[T]) both(old Entry[T], kv *mvccpb.KeyValue) {
 	if old.ModRevision == kv.ModRevision {
 		return
 	}
 	e := d.entry(old.Key, kv)
-	d.ed.Set(e.Key, e)
+	d.ed.Set(&e)
 	d.raw.set(e.Key, kv.Value)
 	d.bytes += int64(e.size - old.size)
-	if old.CreateRevision != kv.CreateRevision {
-		d.note(Change[T]{Kind: Deleted, Key: e.Key, Prev: old})
-		d.note(Change[T]{Kind: Created, Key: e.Key, Entry: e})
+	if !d.record {
 		return
 	}
-	d.note(Change[T]{Kind: Updated, Key: e.Key, Entry: e, Prev: old})
+	if old.CreateRevision != kv.CreateRevision {
+		d.note(Change[T]{Kind: Deleted, Key: e.Key, Prev: kept(old)})
+		d.note(Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
+		return
+	}
+	d.note(Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: kept(old)})
 }
 
 // stateOnly deletes a key of the base that the listing passed without.
-func (d *differ[T]) stateOnly(key string, old *Entry[T]) {
+func (d *differ[T]) stateOnly(key string, old Entry[T]) {
 	d.ed.Delete(key)
 	d.raw.delete(key)
 	d.bytes -= int64(old.size)
-	d.note(Change[T]{Kind: Deleted, Key: key, Prev: old})
+	if d.record {
+		d.note(Change[T]{Kind: Deleted, Key: key, Prev: kept(old)})
+	}
 }
 
-func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) *Entry[T] {
+func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) Entry[T] {
 	return d.c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
 }
 
-func (d *differ[T]) note(ch Change[T]) {
-	if d.record {
-		d.changes = append(d.changes, ch)
-	}
-}
+func (d *differ[T]) note(ch Change[T]) { d.changes = append(d.changes, ch) }
+
+// kept returns a copy of e of its own, for a Change: the state keeps its
+// entries as records (record.go), not as Entries to point to.
+func kept[T any](e Entry[T]) *Entry[T] { return &e }
 
 // finish deletes the base's keys after the listing's last, and gives every
 // change the listing's revision rev.

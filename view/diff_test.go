@@ -19,7 +19,7 @@ func stateOf(c *core[[]byte], kvs ...kvAt) *Snapshot[[]byte] {
 	bytes := int64(0)
 	for _, kv := range kvs {
 		e := c.entry(kv.key, []byte(kv.key), []byte("v"), kv.create, kv.mod, 1, 0)
-		ed.Set(kv.key, e)
+		ed.Set(&e)
 		bytes += int64(e.size)
 	}
 	return &Snapshot[[]byte]{m: ed.Map(), rev: 10, bytes: bytes}
@@ -66,7 +66,7 @@ func TestDiffer(t *testing.T) {
 			}
 			require.Equal(t, tc.want, got)
 			var keys []string
-			for k, e := range d.ed.All() {
+			for k, e := range d.ed.Map().All() {
 				keys = append(keys, k)
 				require.Equal(t, k, e.Key)
 			}

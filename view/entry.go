@@ -5,8 +5,9 @@ import (
 )
 
 // Entry is one key of a view: its decoded value and the revisions of the
-// KeyValue it was decoded from. Entries are shared by the view, its
-// snapshots and its subscribers' changes: never modify one, nor what its
+// KeyValue it was decoded from. Get and All give copies, but the Entry and
+// Prev of a Change are shared by every subscriber, and a Value by the view,
+// its snapshots and every copy: never modify a Change's Entry, nor what a
 // Value points to.
 type Entry[T any] struct {
 	Key   string

@@ -9,7 +9,6 @@ import (
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/clock"
-	"github.com/etcdwatch/etcdwatch/internal/cow"
 	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
@@ -19,14 +18,14 @@ import (
 // there only by publishing (publish), counting, and closing ready.
 type runner[T any] struct {
 	*core[T]
-	list   *lister                // the range's listings
-	ed     *cow.Editor[*Entry[T]] // the state being applied to, published as a Snapshot
-	rev    int64                  // the revision ed holds
-	from   int64                  // Revision of the last batch kept, or of the first listing: the next batch's From
-	bytes  int64                  // of ed's keys and values as stored
-	w      *etcdwatch.Watch       // the watch since the last listing
-	raw    raws                   // the values of ed as sent, for Save (WithSave; save.go)
-	listed bool                   // the first listing is published and watched: core.ready is closed
+	list   *lister          // the range's listings
+	ed     *tableEditor[T]  // the state being applied to, published as a Snapshot
+	rev    int64            // the revision ed holds
+	from   int64            // Revision of the last batch kept, or of the first listing: the next batch's From
+	bytes  int64            // of ed's keys and values as stored
+	w      *etcdwatch.Watch // the watch since the last listing
+	raw    raws             // the values of ed as sent, for Save (WithSave; save.go)
+	listed bool             // the first listing is published and watched: core.ready is closed
 }
 
 // start runs the state until it ends, then ends its tasks and tells every
@@ -264,6 +263,7 @@ func (r *runner[T]) hold(held *unpublished[T], changes []Change[T]) bool {
 // already applied, so that a replay is harmless, and returns the changes.
 func (r *runner[T]) apply(resp etcdwatch.Response) []Change[T] {
 	var changes []Change[T]
+	var slab entrySlab[T]
 	for i := range resp.Events {
 		ev := &resp.Events[i]
 		if ev.ModRevision <= r.rev {
@@ -272,40 +272,61 @@ func (r *runner[T]) apply(resp etcdwatch.Response) []Change[T] {
 		if changes == nil {
 			changes = make([]Change[T], 0, len(resp.Events)-i)
 		}
+		slab.left = len(resp.Events) - i
 		switch ev.Type {
 		case etcdwatch.Put:
-			changes = r.put(ev, changes)
+			changes = r.put(ev, changes, &slab)
 		case etcdwatch.Delete:
-			changes = r.del(ev, changes)
+			changes = r.del(ev, changes, &slab)
 		}
 	}
 	r.rev = max(r.rev, resp.Revision)
 	return changes
 }
 
-func (r *runner[T]) put(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
+func (r *runner[T]) put(ev *etcdwatch.Event, changes []Change[T], slab *entrySlab[T]) []Change[T] {
 	kv := &ev.KeyValue
-	key := string(kv.Key)
-	e := r.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
-	old, replaced := r.ed.Set(e.Key, e)
+	e := slab.keep(r.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease))
+	old, replaced := r.ed.Set(e)
 	r.raw.set(e.Key, kv.Value)
 	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
 	if replaced {
-		ch.Kind, ch.Prev = Updated, old
+		ch.Kind, ch.Prev = Updated, slab.keep(old)
 		r.bytes -= int64(old.size)
 	}
 	r.bytes += int64(e.size)
 	return append(changes, ch)
 }
 
-func (r *runner[T]) del(ev *etcdwatch.Event, changes []Change[T]) []Change[T] {
+func (r *runner[T]) del(ev *etcdwatch.Event, changes []Change[T], slab *entrySlab[T]) []Change[T] {
 	old, ok := r.ed.Delete(string(ev.Key))
 	if !ok {
 		return changes
 	}
 	r.raw.delete(old.Key)
 	r.bytes -= int64(old.size)
-	return append(changes, Change[T]{Kind: Deleted, Key: old.Key, Revision: ev.ModRevision, Prev: old})
+	prev := slab.keep(old)
+	return append(changes, Change[T]{Kind: Deleted, Key: prev.Key, Revision: ev.ModRevision, Prev: prev})
+}
+
+// entrySlab hands out the Entries of a response's changes from blocks, so
+// that they take an allocation or two a response rather than one each.
+// A block is sized for left more events, each with an Entry and a Prev.
+// Owned by apply.
+type entrySlab[T any] struct {
+	free []Entry[T]
+	left int // events of the response not yet applied, the current one included
+}
+
+// keep returns a pointer to a copy of e, which nobody modifies after.
+func (s *entrySlab[T]) keep(e Entry[T]) *Entry[T] {
+	if len(s.free) == 0 {
+		s.free = make([]Entry[T], 2*max(s.left, 1))
+	}
+	p := &s.free[0]
+	*p = e
+	s.free = s.free[1:]
+	return p
 }
 
 // publish makes the editor's state the view's, with bs as the steps to it.

@@ -154,11 +154,15 @@ func (s *Subscription[T]) trimFirst(b Batch[T]) Batch[T] {
 	return b
 }
 
-// resyncOf is the whole state of snap as one batch.
+// resyncOf is the whole state of snap as one batch. The state keeps
+// records, not Entries (record.go), so the batch's Entries are made for it,
+// in one block.
 func resyncOf[T any](snap *Snapshot[T]) Batch[T] {
 	b := Batch[T]{Kind: Resync, Revision: snap.rev, Changes: make([]Change[T], 0, snap.Len())}
+	es := make([]Entry[T], 0, snap.Len())
 	for k, e := range snap.m.All() {
-		b.Changes = append(b.Changes, Change[T]{Kind: Created, Key: k, Revision: e.ModRevision, Entry: e})
+		es = append(es, e)
+		b.Changes = append(b.Changes, Change[T]{Kind: Created, Key: k, Revision: e.ModRevision, Entry: &es[len(es)-1]})
 	}
 	return b
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/clock"
-	"github.com/etcdwatch/etcdwatch/internal/cow"
 )
 
 // warmOptions are the options of warm restarts.
@@ -237,7 +236,7 @@ func (r *runner[T]) check(h stateHeader, cluster uint64, current int64) error {
 
 // loaded is a saved state read, checked and decoded, not yet published.
 type loaded[T any] struct {
-	ed    *cow.Editor[*Entry[T]]
+	ed    *tableEditor[T]
 	raw   raws
 	bytes int64
 }
@@ -252,11 +251,11 @@ func (r *runner[T]) load(sr *stateReader, h stateHeader) (*loaded[T], error) {
 	}); err != nil {
 		return nil, err
 	}
-	ld := &loaded[T]{ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
+	ld := &loaded[T]{ed: table[T]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
 	for i := range entries {
 		e := &entries[i]
 		en := r.entry(e.key, e.kv[:len(e.key):len(e.key)], e.value, e.create, e.mod, e.version, e.lease)
-		ld.ed.Append(en.Key, en)
+		ld.ed.Append(&en)
 		ld.raw.add(en.Key, e.value)
 		ld.bytes += int64(en.size)
 		entries[i] = savedEntry{} // let the records go as the entries are made

@@ -8,8 +8,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/etcdwatch/etcdwatch/internal/cow"
 )
 
 // compacted reports whether the server's history no longer holds revision
@@ -38,7 +36,7 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 	saved := func(yield func(string, savedEntry) bool) {
 		loadErr = sr.readEntries(h, true, func(e savedEntry) bool { return yield(e.key, e) })
 	}
-	d := &savedDiffer[T]{c: r.core, ed: cow.Map[*Entry[T]]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
+	d := &savedDiffer[T]{c: r.core, ed: table[T]{}.Edit(), raw: editRaws(r.opts, &Snapshot[T]{})}
 	walk := newMerge(saved, d)
 	defer walk.stop()
 	rev, err := r.list.list(r.ctx, listing{}, walk.take)
@@ -78,16 +76,16 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 // is both). Owned by the runner.
 type savedDiffer[T any] struct {
 	c       *core[T]
-	ed      *cow.Editor[*Entry[T]]
+	ed      *tableEditor[T]
 	raw     raws
 	bytes   int64
 	changes []Change[T] // their Revision is the listing's, known at its end
 }
 
 // listed adds a listed key, after every key added before.
-func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) *Entry[T] {
+func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) Entry[T] {
 	e := d.c.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
-	d.ed.Append(e.Key, e)
+	d.ed.Append(&e)
 	d.raw.add(e.Key, kv.Value)
 	d.bytes += int64(e.size)
 	return e
@@ -98,12 +96,12 @@ func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) *Entry[T] {
 func (d *savedDiffer[T]) saved(s savedEntry) *Entry[T] {
 	kv := bytes.Clone(s.kv)
 	k := len(s.key)
-	return d.c.entry(s.key, kv[:k:k], kv[k:], s.create, s.mod, s.version, s.lease)
+	return kept(d.c.entry(s.key, kv[:k:k], kv[k:], s.create, s.mod, s.version, s.lease))
 }
 
 func (d *savedDiffer[T]) listedOnly(kv *mvccpb.KeyValue) {
 	e := d.listed(kv)
-	d.changes = append(d.changes, Change[T]{Kind: Created, Key: e.Key, Entry: e})
+	d.changes = append(d.changes, Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
 }
 
 func (d *savedDiffer[T]) both(s savedEntry, kv *mvccpb.KeyValue) {
@@ -111,9 +109,9 @@ func (d *savedDiffer[T]) both(s savedEntry, kv *mvccpb.KeyValue) {
 	switch {
 	case s.mod == kv.ModRevision:
 	case s.create != kv.CreateRevision:
-		d.changes = append(d.changes, Change[T]{Kind: Deleted, Key: e.Key, Prev: d.saved(s)}, Change[T]{Kind: Created, Key: e.Key, Entry: e})
+		d.changes = append(d.changes, Change[T]{Kind: Deleted, Key: e.Key, Prev: d.saved(s)}, Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
 	default:
-		d.changes = append(d.changes, Change[T]{Kind: Updated, Key: e.Key, Entry: e, Prev: d.saved(s)})
+		d.changes = append(d.changes, Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: d.saved(s)})
 	}
 }
 
