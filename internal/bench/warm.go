@@ -263,7 +263,9 @@ func warmChild(name string) {
 	if line, err := in.ReadString('\n'); err != nil || line != "go\n" {
 		check(fmt.Errorf("warm child: read %q (%v), not go", line, err))
 	}
-	stop := profileChild(name)
+	// One profile per view: the -warm-views children of a repetition run at
+	// once, and would otherwise write the same file.
+	stop := profileChild(name + "-" + strings.TrimSuffix(filepath.Base(*warmFile), ".state"))
 	before := got.n.Load()
 	v, err := view.New(ctx, s, etcdwatch.Prefix(*childPrefix), view.DecodeBytes, view.WithStateFile(*warmFile, 0))
 	ready := time.Now()
