@@ -71,3 +71,47 @@ func TestIsolatedWatchProgressIsNotHeldUp(t *testing.T) {
 	require.Equal(t, int64(11), r.rev, "every watch has queued its events up to the lower answer")
 	require.Equal(t, int64(11), next(t, neighbour).Revision)
 }
+
+// TestWatchAllOverBothLanes: one WatchAll of watches on both lanes sends
+// each lane's creates on its own gRPC stream, in the order of the call,
+// and returns the watches in that order, each with the id its own stream
+// confirmed.
+func TestWatchAllOverBothLanes(t *testing.T) {
+	h := newHarness(t)
+	keys := []string{"a", "b", "c", "d", "e"}
+	isolated := []bool{false, true, false, true, true}
+	rs := make([]etcdwatch.Request, len(keys))
+	for i, k := range keys {
+		rs[i] = etcdwatch.Key(k)
+		rs[i].Isolated = isolated[i]
+	}
+	type result struct {
+		ws  []*etcdwatch.Watch
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ws, err := h.s.WatchAll(context.Background(), rs...)
+		done <- result{ws, err}
+	}()
+	iso := h.server.Accept(t)
+	ids := make(map[string]int64)
+	for _, lane := range []struct {
+		srv  *ws.Stream
+		keys []string
+	}{{h.srv, []string{"a", "c"}}, {iso, []string{"b", "d", "e"}}} {
+		for _, k := range lane.keys {
+			c := lane.srv.RecvCreate(t)
+			require.Equal(t, k, string(c.Key), "creates in the call's order on each stream")
+			ids[k] = c.WatchId
+			lane.srv.Send(t, ws.Created(c.WatchId, 5))
+		}
+	}
+	r := recv(t, done, "WatchAll")
+	require.NoError(t, r.err)
+	require.Len(t, r.ws, len(keys))
+	for i, w := range r.ws {
+		require.Equal(t, keys[i], string(w.Request().Key), "watches in the order of the requests")
+		require.Equal(t, ids[keys[i]], w.ID())
+	}
+}
