@@ -212,8 +212,10 @@ func (r *replica[T]) apply(b view.Batch[T]) error {
 			if ch.Entry != nil && ch.Entry.ModRevision != ch.Revision {
 				return fmt.Errorf("%s: entry's ModRevision %d", what, ch.Entry.ModRevision)
 			}
-		} else if ch.Revision != b.Revision || (ch.Entry != nil && ch.Entry.ModRevision > b.Revision) {
-			return errors.New(what + ": not the revision listed")
+		} else if ch.Entry == nil && ch.Revision != b.Revision {
+			return errors.New(what + ": a relisted delete not at the listing's revision")
+		} else if ch.Entry != nil && (ch.Revision != ch.Entry.ModRevision || ch.Revision <= b.From || ch.Revision > b.Revision) {
+			return fmt.Errorf("%s: a relisted put not at its ModRevision %d, after From and by the listing", what, ch.Entry.ModRevision)
 		}
 		cur, exists := r.m[ch.Key]
 		if (ch.Kind == view.Created) == exists {
