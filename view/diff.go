@@ -19,7 +19,7 @@ type differ[T any] struct {
 	record bool // keep changes: not for the first listing
 	build  bool // the base is empty: keys arrive in order, so Append
 
-	changes []Change[T] // their Revision is the listing's, known at its end
+	changes []Change[T] // dated once the listing's revision is known (relisted)
 }
 
 func newDiffer[T any](c *core[T], base *Snapshot[T], record bool) *differ[T] {
@@ -89,16 +89,24 @@ func (d *differ[T]) note(ch Change[T]) { d.changes = append(d.changes, ch) }
 // entries as records (record.go), not as Entries to point to.
 func kept[T any](e Entry[T]) *Entry[T] { return &e }
 
-// finish deletes the base's keys after the listing's last, and gives every
-// change the listing's revision rev.
+// finish deletes the base's keys after the listing's last, and dates the
+// changes (relisted).
 func (d *differ[T]) finish(rev int64) {
 	d.walk.finish()
-	for i := range d.changes {
-		ch := &d.changes[i]
+	relisted(d.changes, rev)
+}
+
+// relisted gives the changes of a Relisted batch, found by a listing at
+// rev, their Revision: a put's own ModRevision, exact; a delete's, rev,
+// since etcd keeps no record of when a deleted key went, only that it
+// went by then. The one place this rule is applied (see Change.Revision).
+func relisted[T any](changes []Change[T], rev int64) {
+	for i := range changes {
+		ch := &changes[i]
 		if ch.Entry != nil {
-			ch.Revision = ch.Entry.ModRevision // the key's own: exact
+			ch.Revision = ch.Entry.ModRevision
 		} else {
-			ch.Revision = rev // a delete's: not known, only that it was by then
+			ch.Revision = rev
 		}
 	}
 }

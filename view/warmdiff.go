@@ -58,9 +58,7 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 		r.publish()
 		return true, nil
 	}
-	for i := range d.changes {
-		d.changes[i].Revision = rev
-	}
+	relisted(d.changes, rev)
 	r.warm.restored = h.revision
 	r.stats.relists.Add(1)
 	r.log.Info("etcdwatch: view's saved state is compacted; listed against it", "path", r.opts.warm.path, "saved", h.revision, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
@@ -79,7 +77,7 @@ type savedDiffer[T any] struct {
 	ed      *tableEditor[T]
 	raw     raws
 	bytes   int64
-	changes []Change[T] // their Revision is the listing's, known at its end
+	changes []Change[T] // dated once the listing's revision is known (relisted)
 }
 
 // listed adds a listed key, after every key added before.
