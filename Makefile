@@ -51,3 +51,4 @@ lint:
 		echo "== lint $$m"; \
 		(cd $$m && $(GO) vet ./... && $(GO) mod tidy -diff && $(GO) run $(STATICCHECK) ./...); \
 	done
+	@echo "== lint . on GOARCH=386, where int has 32 bits"; GOARCH=386 $(GO) vet ./...

@@ -3,6 +3,7 @@ package view_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -144,7 +145,7 @@ func newStreamFeed(b *testing.B, per int) *applyFeed {
 // subscriber reads every batch and counts its changes.
 func newViewFeed(b *testing.B, per int) *applyFeed {
 	// No pauses: the scripted server does not re-create watches.
-	s, server := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
+	s, server := benchStream(b, etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(math.MaxInt))
 	server.Accept(b) // the main stream, which the view does not use
 	res := make(chan *view.View[[]byte], 1)
 	go func() {

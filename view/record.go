@@ -54,7 +54,7 @@ func onto[T any](w wide, e *Entry[T]) { e.Err, e.Version, e.size = w.err, w.vers
 // recordOf returns the record of e, and whether it is wide.
 func recordOf[T any](e *Entry[T]) (record[T], bool) {
 	r := record[T]{val: e.Value, create: e.CreateRevision, mod: e.ModRevision, lease: e.Lease}
-	if e.Err != nil || e.Version < 0 || e.Version > math.MaxUint32 || e.size < 0 || e.size >= wideFlag {
+	if e.Err != nil || e.Version < 0 || e.Version > math.MaxUint32 || e.size < 0 || int64(e.size) >= wideFlag {
 		r.size = wideFlag
 		return r, true
 	}

@@ -16,7 +16,7 @@ func TestTableKeepsEveryEntryField(t *testing.T) {
 	narrow := Entry[[]byte]{Key: "a", Value: []byte("1"), CreateRevision: 2, ModRevision: 3, Version: 2, Lease: 7, size: 2}
 	failed := Entry[[]byte]{Key: "b", Err: bad, CreateRevision: 4, ModRevision: 4, Version: 1, size: 9}
 	old := Entry[[]byte]{Key: "c", Value: []byte("3"), CreateRevision: 1, ModRevision: 9, Version: math.MaxUint32 + 5, size: 2}
-	long := Entry[[]byte]{Key: "d", Value: []byte("4"), CreateRevision: 1, ModRevision: 9, Version: 1, size: wideFlag + 1}
+	long := Entry[[]byte]{Key: "d", Value: []byte("4"), CreateRevision: 1, ModRevision: 9, Version: 1, size: math.MaxInt} // wide where int has 64 bits
 
 	ed := table[[]byte]{}.Edit()
 	for _, e := range []Entry[[]byte]{narrow, failed, old, long} {
