@@ -38,11 +38,11 @@ type Handler struct {
 	handle func(*Watch, int, Response) // immutable
 	ended  func(*Watch, error)         // immutable; nil: not told
 	max    int                         // the most goroutines at once; 0: no limit; immutable
-	wg     sync.WaitGroup              // the running goroutines: Wait
 
 	mu      sync.Mutex
 	queue   ring.Ring[*Watch] // watches with something to deliver or an end to tell, each at most once; guarded by mu
 	running int               // goroutines running; guarded by mu
+	idle    chan struct{}     // closed when running drops to 0, for Wait; nil until a Wait needs one; guarded by mu
 }
 
 // HandlerOption configures a Handler.
@@ -82,10 +82,25 @@ func NewHandler(handle func(w *Watch, i int, r Response), opts ...HandlerOption)
 }
 
 // Wait waits until the Handler has nothing to do: no call running and none
-// due. Once the Streams of its watches are closed, it returns after the
-// last call for them (Ended included), and the Handler's goroutines have
-// returned.
-func (h *Handler) Wait() { h.wg.Wait() }
+// due. It may be called at any time, from any goroutine, while responses
+// keep coming (unlike a sync.WaitGroup's, whose Wait may not race with a
+// count rising from zero); a response arriving after it returned starts
+// the Handler again. Once the Streams of its watches are closed, it
+// returns after the last call for them (Ended included), when each of the
+// Handler's goroutines is returning.
+func (h *Handler) Wait() {
+	h.mu.Lock()
+	if h.running == 0 {
+		h.mu.Unlock()
+		return
+	}
+	if h.idle == nil {
+		h.idle = make(chan struct{})
+	}
+	idle := h.idle
+	h.mu.Unlock()
+	<-idle
+}
 
 // schedule queues w, whose delivery it now serves, for one of the
 // goroutines, starting one if the limit allows. Called with w's delivery
@@ -96,26 +111,30 @@ func (h *Handler) schedule(w *Watch) {
 	h.queue.Push(w)
 	if h.max == 0 || h.running < h.max {
 		h.running++
-		h.wg.Add(1)
 		go h.work() // returns once the queue is empty; Wait waits for it
 	}
 }
 
 // take returns the next watch to serve, or ends the goroutine's run when
-// there is none (!ok).
+// there is none (!ok), telling Wait when it was the last to run. An empty
+// queue and the count going down are one step under mu, so that schedule
+// never counts on a goroutine that is leaving.
 func (h *Handler) take() (w *Watch, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	w, ok = h.queue.Pop()
 	if !ok {
 		h.running--
+		if h.running == 0 && h.idle != nil {
+			close(h.idle)
+			h.idle = nil
+		}
 	}
 	return w, ok
 }
 
 // work serves queued watches until none is left.
 func (h *Handler) work() {
-	defer h.wg.Done()
 	for w, ok := h.take(); ok; w, ok = h.take() {
 		h.serve(w)
 	}

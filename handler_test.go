@@ -363,3 +363,42 @@ func TestNewHandlerRefusesNil(t *testing.T) {
 	})
 	require.True(t, errors.Is(etcdwatch.ErrInvalidArgument, etcdwatch.ErrInvalidArgument))
 }
+
+// TestHandlerWaitWhileResponsesCome: Wait may be called while responses
+// keep coming. It returns only once the call in progress has returned,
+// and a response after that starts the Handler again. Catches: a Wait
+// that returns with a call running, and (under -race) a count that rises
+// from zero while a Wait is waiting on it, as a sync.WaitGroup's may not.
+func TestHandlerWaitWhileResponsesCome(t *testing.T) {
+	h := newHarness(t)
+	entered, release := make(chan int64), make(chan struct{})
+	hd := etcdwatch.NewHandler(func(_ *etcdwatch.Watch, _ int, r etcdwatch.Response) {
+		entered <- r.Revision
+		<-release
+	})
+	w := h.handled(hd, 1)[0]
+	wait := func() <-chan struct{} {
+		waited := make(chan struct{})
+		go func() {
+			hd.Wait()
+			close(waited)
+		}()
+		return waited
+	}
+	for rev := int64(2); rev < 50; rev++ {
+		early := wait() // racing the response: it may return before the call, or after
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("k0", "v", rev)))
+		require.Equal(t, rev, recv(t, entered, "the call"))
+		during := wait()
+		select {
+		case <-during:
+			t.Fatalf("Wait returned while the call for revision %d was running", rev)
+		default:
+		}
+		release <- struct{}{}
+		recv(t, during, "Wait")
+		recv(t, early, "the Wait begun before the response")
+		queued, running := hd.Load()
+		require.Zero(t, queued+running, "Wait returned with work left")
+	}
+}
