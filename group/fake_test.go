@@ -38,6 +38,7 @@ type fakeStream struct {
 	cancels  int
 	ended    bool    // the client's side ended
 	progress []int64 // answers to progress requests in turn; the last repeats
+	asked    int     // progress requests received
 	hold     chan struct{}
 }
 
@@ -115,6 +116,7 @@ func (f *fake) serveStream(fs *fakeStream) {
 				resp = ws.Canceled(id)
 			}
 		case req.GetProgressRequest() != nil:
+			fs.asked++
 			rev := fs.progress[0]
 			if len(fs.progress) > 1 {
 				fs.progress = fs.progress[1:]

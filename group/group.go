@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -500,9 +501,10 @@ func (g *Group) RequestProgress(ctx context.Context) (int64, error) {
 	}
 	wg.Wait()
 	rev, answered := int64(0), false
-	for _, a := range answers {
+	for i, a := range answers {
 		switch {
 		case errors.Is(a.err, etcdwatch.ErrNoWatches): // a Stream the server has nothing to answer for
+		case errors.Is(a.err, etcdwatch.ErrClosed) && g.unpinned(slots[i]): // its pinned watch ended meanwhile
 		case a.err != nil:
 			return 0, a.err
 		case !answered || a.rev < rev:
@@ -513,6 +515,15 @@ func (g *Group) RequestProgress(ctx context.Context) (int64, error) {
 		return 0, etcdwatch.ErrNoWatches
 	}
 	return rev, nil
+}
+
+// unpinned reports whether ErrClosed from sl's Stream means that its
+// pinned watch ended (retire closes it then), not that the group closed:
+// sl is a pinned Stream and the group is open.
+func (g *Group) unpinned(sl *slot) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.closed && !slices.Contains(g.own, sl)
 }
 
 // askAtLeast asks s for progress until it answers at least floor.

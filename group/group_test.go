@@ -287,6 +287,42 @@ func TestRequestProgress(t *testing.T) {
 	require.EqualError(t, err, "gone")
 }
 
+// TestRequestProgressWhilePinnedWatchEnds: a pinned watch that ends while
+// RequestProgress asks its Stream again (its member answered below the
+// group's revision) closes that Stream; the call leaves it out, as a
+// Stream with no watch, rather than failing with the Stream's ErrClosed
+// while the group is open.
+func TestRequestProgressWhilePinnedWatchEnds(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 1)
+	_, err := g.Watch(ctx(t), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	f.answer(0, 100)
+	_, err = g.RequestProgress(ctx(t)) // the group has now seen 100
+	require.NoError(t, err)
+	p, err := g.WatchPinned(ctx(t), etcdwatch.Key("p")) // stream 1
+	require.NoError(t, err)
+	f.answer(1, 1) // below 100, every time: asked again and again
+	type result struct {
+		rev int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rev, err := g.RequestProgress(ctx(t))
+		done <- result{rev, err}
+	}()
+	f.await(func() bool { return f.streams[1].asked >= 2 }, "the pinned Stream asked again")
+	p.Cancel()
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		require.EqualValues(t, 100, r.rev)
+	case <-timeout():
+		t.Fatal("RequestProgress did not return")
+	}
+}
+
 // TestOnlyTheFailedStreamMoves: when one Stream's gRPC stream fails, its
 // watches, and only its, are re-created on its next one; while it is not
 // answered again, new watches avoid it; Stats say which Stream moved.
