@@ -323,6 +323,42 @@ func TestRequestProgressWhilePinnedWatchEnds(t *testing.T) {
 	}
 }
 
+// TestOpeningPinnedStreamKeepsTheGroupConnected: a Stream opened for a
+// pinned watch, its server not answering yet, leaves the group's State
+// (and the pinned entry of Streams) as it was; once it has answered it
+// counts like the others.
+func TestOpeningPinnedStreamKeepsTheGroupConnected(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	f.mapping(t, g, "a", 2) // both answered
+	require.True(t, g.State().Connected)
+	f.mu.Lock()
+	f.holdNext = true
+	f.mu.Unlock()
+	type result struct {
+		w   *etcdwatch.Watch
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		w, err := g.WatchPinned(ctx(t), etcdwatch.Key("p"))
+		done <- result{w, err}
+	}()
+	f.stream(2) // the pinned Stream's, held
+	require.True(t, g.State().Connected, "a pinned Stream not answered yet")
+	require.True(t, g.Streams()[2].State.Connected)
+	f.release(2)
+	var r result
+	select {
+	case r = <-done:
+	case <-timeout():
+		t.Fatal("WatchPinned did not return")
+	}
+	require.NoError(t, r.err)
+	require.True(t, g.State().Connected)
+	require.Equal(t, "p", string(r.w.Request().Key))
+}
+
 // TestOnlyTheFailedStreamMoves: when one Stream's gRPC stream fails, its
 // watches, and only its, are re-created on its next one; while it is not
 // answered again, new watches avoid it; Stats say which Stream moved.

@@ -38,14 +38,25 @@ func (g *Group) Streams() []StreamInfo {
 	first := true
 	for sl := range g.pinned {
 		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
-		if st := sl.stream.State(); first {
+		st := sl.stream.State()
+		switch {
+		case opening(st):
+		case first:
 			pinned.State, first = st, false
-		} else {
+		default:
 			pinned.State = combine(pinned.State, st)
 		}
 	}
 	return append(out, pinned)
 }
+
+// opening: a Stream opened for a pinned watch whose server has not
+// answered yet, nor has anything failed on it. Left out of the group's
+// State, which would otherwise read disconnected for a round trip at each
+// WatchPinned (and each relist of a view on the group). The group's own
+// Streams count from the start: until their servers answer, the group is
+// not connected.
+func opening(st etcdwatch.State) bool { return !st.Connected && st.LastError == nil }
 
 // Stats returns the counters of every Stream of the group added together,
 // pinned Streams included, those closed too: Watches and Paused are the
@@ -67,7 +78,8 @@ func (g *Group) Stats() etcdwatch.Stats {
 }
 
 // State returns the group's Streams' State together, pinned ones
-// included: connected while every one is, since the latest of their
+// included once their servers have answered (see opening): connected
+// while every one is, since the latest of their
 // Since, and the latest error of any. Streams gives each Stream's.
 func (g *Group) State() etcdwatch.State {
 	st := g.own[0].stream.State()
@@ -77,7 +89,9 @@ func (g *Group) State() etcdwatch.State {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for sl := range g.pinned {
-		st = combine(st, sl.stream.State())
+		if ps := sl.stream.State(); !opening(ps) {
+			st = combine(st, ps)
+		}
 	}
 	return st
 }
