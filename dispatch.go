@@ -196,14 +196,7 @@ func (d *dispatcher) shutdown() {
 	d.live.Stop()
 	d.hurry.Stop()
 	d.progress.Stop()
-	for {
-		select {
-		case c := <-d.l.cmds:
-			c.refuse(ErrClosed)
-		default:
-			return
-		}
-	}
+	d.l.refuseLeft()
 }
 
 // forget drops a watch that has ended or was abandoned.

@@ -14,38 +14,60 @@ import (
 // other. Each lane has its own watch ids, progress requests, reconnections
 // and State; the Stream's counters are shared.
 type lane struct {
-	s     *Stream
-	cmds  chan command  // to the dispatcher
-	done  chan struct{} // closed when the dispatcher has exited, after Close
-	state stateBox
+	s      *Stream
+	cmds   chan command  // to the dispatcher; after done, to whoever refuses what is left (refuseLeft)
+	done   chan struct{} // closed when the dispatcher has exited, after Close
+	exited chan struct{} // closed after done, once what was sent too late is refused: Close waits on it
+	state  stateBox
 }
 
 // startLane starts a lane's dispatcher; it exits at the Stream's Close,
-// which waits for it through done.
+// which waits for it through exited.
 func (s *Stream) startLane() *lane {
-	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{})}
+	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{}), exited: make(chan struct{})}
 	l.state.st.Since = s.opts.clock.Now() // before the dispatcher starts
 	open := grpcOpener(s.conn, s.opts.connectivity, s.opts.callOptions, l.connectionFailed)
 	if s.opts.requireLeader {
 		open = requireLeader(open)
 	}
 	d := newDispatcher(l, open)
-	go func() { // exits when Close is called; Close waits on done
+	go func() { // exits when Close is called, after refusing what came too late; Close waits on exited
+		defer close(l.exited)
+		defer l.refuseLeft()
 		defer close(l.done)
 		d.run()
 	}()
 	return l
 }
 
-// command hands c to the lane's dispatcher. Once the Stream is closed it
-// refuses c with ErrClosed instead, and reports false.
-func (l *lane) command(c command) bool {
+// command hands c to the lane's dispatcher; once the Stream is closed, c
+// is refused with ErrClosed instead. Either way exactly once: a command
+// sent into the buffer as the dispatcher left is refused by whichever of
+// this call and the lane's goroutine, both draining after done is closed,
+// takes it.
+func (l *lane) command(c command) {
 	select {
 	case l.cmds <- c:
-		return true
+		select {
+		case <-l.done: // perhaps after the lane's last look: nobody else would take c
+			l.refuseLeft()
+		default:
+		}
 	case <-l.done:
 		c.refuse(ErrClosed)
-		return false
+	}
+}
+
+// refuseLeft refuses with ErrClosed every command waiting for a
+// dispatcher that has stopped taking them.
+func (l *lane) refuseLeft() {
+	for {
+		select {
+		case c := <-l.cmds:
+			c.refuse(ErrClosed)
+		default:
+			return
+		}
 	}
 }
 

@@ -311,7 +311,7 @@ func (s *Stream) Close() error {
 	})
 	s.probe.Wait()
 	for _, l := range s.lanes() {
-		<-l.done
+		<-l.exited
 	}
 	s.pumps.Wait()
 	return nil
