@@ -62,7 +62,10 @@ func (w *Watch) Done() <-chan struct{} { return w.out.doneChan() }
 
 // Err returns nil while the watch runs, then why it ended: ErrCanceled, the
 // context's cause, ErrClosed, a *CompactedError, a *ServerError, or an error
-// wrapping ErrStreamFailed. Once Responses is closed, Err is set.
+// wrapping ErrStreamFailed. Once Responses is closed, Err is set. For a
+// watch opened with a Handler, Err is set, as Done closes, once the last
+// call for it has returned: after Cancel returns if a call was still
+// running, and not yet inside a call that canceled its own watch.
 func (w *Watch) Err() error { return w.out.errIfOver() }
 
 // Revision returns a revision R such that every event of this watch with a
