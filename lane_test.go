@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -114,4 +116,26 @@ func TestWatchAllOverBothLanes(t *testing.T) {
 		require.Equal(t, keys[i], string(w.Request().Key), "watches in the order of the requests")
 		require.Equal(t, ids[keys[i]], w.ID())
 	}
+}
+
+// TestOpeningIsolatedLaneKeepsTheStreamConnected: while the isolated lane
+// opens for the first isolated watch, its server not answering yet, the
+// Stream's State stays as the main lane's; once that server has answered
+// the lane counts, and its stream failing reads as a disconnection.
+func TestOpeningIsolatedLaneKeepsTheStreamConnected(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("a"), 3)
+	require.True(t, h.s.State().Connected)
+	r := etcdwatch.Prefix("v/")
+	r.Isolated = true
+	res := h.watchAsync(context.Background(), r)
+	iso := h.server.Accept(t)
+	c := iso.RecvCreate(t)
+	require.True(t, h.s.State().Connected, "an isolated lane not answered yet")
+	iso.Send(t, ws.Created(c.WatchId, 3))
+	got := recvResult(t, res)
+	require.NoError(t, got.err)
+	require.True(t, h.s.State().Connected)
+	iso.Close(status.Error(codes.Unavailable, "member going away"))
+	h.await(func() bool { return !h.s.State().Connected })
 }

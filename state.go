@@ -35,6 +35,7 @@ type stateBox struct {
 	mu       sync.Mutex
 	st       State
 	reported bool // a failure has been recorded since the server last answered
+	heard    bool // a server has answered at least once
 }
 
 func (b *stateBox) get() State {
@@ -43,12 +44,20 @@ func (b *stateBox) get() State {
 	return b.st
 }
 
+// opening returns the State, and whether nothing has happened yet: no
+// server has answered and nothing has failed, as for a lane just opened.
+func (b *stateBox) opening() (State, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.st, !b.heard && b.st.LastError == nil
+}
+
 // answered records a stream on which the server has answered.
 func (b *stateBox) answered(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.st.Connected, b.st.Since = true, now
-	b.reported = false
+	b.reported, b.heard = false, true
 }
 
 // ended records a stream that has ended with err; answered tells whether

@@ -288,11 +288,16 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 
 // State returns whether the server answers on the stream, since when, and
 // the last error that ended it or kept it from opening. With isolated
-// watches it is connected while both lanes are.
+// watches it is connected while both lanes are, once the isolated lane's
+// server has first answered: until then, as it opens for the first
+// isolated watch (a view's), only a failure of its own counts, so that
+// opening a view does not read as a disconnection.
 func (s *Stream) State() State {
 	st := s.main.state.get()
 	if iso := s.isolatedLane(false); iso != nil {
-		st = combine(st, iso.state.get())
+		if ist, opening := iso.state.opening(); !opening {
+			st = combine(st, ist)
+		}
 	}
 	return st
 }
