@@ -93,6 +93,26 @@ func (e *ServerError) Error() string {
 // Unwrap returns the sentinel the reason means.
 func (e *ServerError) Unwrap() error { return reasonKinds[rpcerr.Classify(e.Reason)] }
 
+// RequestError is the error of WatchAll or Handle, or of a group's
+// WatchAll, that concerns one of its requests: invalid (Err wraps
+// ErrInvalidRequest) or refused by the server (a *ServerError). Err is what
+// Watch would have returned for that request alone; errors.Is and
+// errors.As see through to it.
+type RequestError struct {
+	Index   int     // the request's index in the call's requests
+	Of      int     // how many requests the call had
+	Request Request // the request itself
+	Err     error
+}
+
+// Error names the request by its index and its keys, then Err.
+func (e *RequestError) Error() string {
+	return fmt.Sprintf("request %d of %d (%s): %v", e.Index, e.Of, e.Request, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *RequestError) Unwrap() error { return e.Err }
+
 // classifyReason turns a server cancel reason into a *ServerError. The
 // text is read in internal/rpcerr, the one place that reads the server's.
 func classifyReason(reason string) *ServerError {

@@ -121,8 +121,9 @@ func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 // It is all or nothing. If a request is invalid, nothing is opened. If the
 // server refuses a create, ctx ends, WithCreateTimeout passes, the Stream
 // closes or its stream fails for good before every watch is confirmed, the
-// watches opened so far are canceled. For an invalid or refused request the error names it and wraps
-// what Watch would have returned for it (match it with errors.Is and
+// watches opened so far are canceled. For an invalid or refused request
+// the error is a *RequestError, with the request's index, wrapping what
+// Watch would have returned for it (match it with errors.Is and
 // errors.As); otherwise it is the error Watch returns then. ctx bounds the
 // wait and every watch's life, as it does for Watch.
 //
@@ -152,7 +153,7 @@ func (s *Stream) openAll(ctx context.Context, rs []Request, h *Handler) ([]*Watc
 	}
 	ws, i, err := s.open(ctx, rs, h)
 	if err != nil && i >= 0 {
-		return nil, fmt.Errorf("request %d of %d (%s): %w", i, len(rs), rs[i], err)
+		return nil, &RequestError{Index: i, Of: len(rs), Request: rs[i], Err: err}
 	}
 	return ws, err
 }

@@ -726,6 +726,11 @@ func TestWatchAllIsAllOrNothing(t *testing.T) {
 	require.ErrorAs(t, got.err, &se)
 	require.Equal(t, reason, se.Reason)
 	require.Contains(t, got.err.Error(), `request 2 of 5 (key "deny")`)
+	var re *etcdwatch.RequestError
+	require.ErrorAs(t, got.err, &re)
+	require.Equal(t, 2, re.Index)
+	require.Equal(t, 5, re.Of)
+	require.Equal(t, "deny", string(re.Request.Key))
 	require.Nil(t, got.ws)
 	for range confirmed {
 		id := h.srv.RecvCancel(t)
@@ -744,6 +749,9 @@ func TestWatchAllValidatesEveryRequestFirst(t *testing.T) {
 	_, err := h.s.WatchAll(context.Background(), etcdwatch.Key("a"), etcdwatch.Range("b", "a"), etcdwatch.Key("c"))
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
 	require.Contains(t, err.Error(), "request 1 of 3")
+	var re *etcdwatch.RequestError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 1, re.Index)
 	require.Empty(t, h.barrier(1), "requests were sent")
 	ws, err := h.s.WatchAll(context.Background())
 	require.NoError(t, err)

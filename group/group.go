@@ -243,7 +243,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 			if len(rs) == 1 {
 				return nil, err
 			}
-			return nil, fmt.Errorf("request %d of %d (%s): %w", i, len(rs), r, err)
+			return nil, &etcdwatch.RequestError{Index: i, Of: len(rs), Request: r, Err: err}
 		}
 	}
 	if err := context.Cause(ctx); err != nil {
@@ -258,7 +258,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 		p := parts[0]
 		ws, err := g.openPart(ctx, rs, p)
 		if err != nil && len(rs) > 1 {
-			err = g.partError(p, err)
+			err = g.partError(p, rs, err)
 		}
 		return ws, err
 	}
@@ -268,7 +268,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 			defer g.wg.Done()
 			ws, err := g.openPart(ctx, rs, p)
 			if err != nil {
-				err = g.partError(p, err)
+				err = g.partError(p, rs, err)
 			}
 			c.finish(p, ws, err)
 		}()
@@ -282,10 +282,26 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 	return c.ws, nil
 }
 
-// partError says which Stream a part's error came from.
-func (g *Group) partError(p part, err error) error {
+// partError says which Stream a part's error came from. An error that
+// concerns one request names it by its index among the call's requests rs
+// (a *etcdwatch.RequestError), not among the part's: a part of several
+// gets one from WatchAll, with the part's index; a part of one request
+// gets the server's refusal as it is.
+func (g *Group) partError(p part, rs []etcdwatch.Request, err error) error {
+	var (
+		re *etcdwatch.RequestError
+		se *etcdwatch.ServerError
+	)
+	switch {
+	case errors.As(err, &re):
+		i := p.idx[re.Index]
+		err = &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: re.Err}
+	case len(p.idx) == 1 && errors.As(err, &se):
+		i := p.idx[0]
+		err = &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: err}
+	}
 	if p.pinned {
-		return fmt.Errorf("pinned stream for request %d: %w", p.idx[0], err)
+		return fmt.Errorf("pinned stream: %w", err)
 	}
 	return fmt.Errorf("stream %s: %w", g.own[p.on].name, err)
 }

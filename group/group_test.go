@@ -153,6 +153,11 @@ func TestWatchAllIsAllOrNothing(t *testing.T) {
 	var se *etcdwatch.ServerError
 	require.ErrorAs(t, err, &se)
 	require.Contains(t, err.Error(), "stream 1: ")
+	var re *etcdwatch.RequestError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 4, re.Index, "the index in the call, not in stream 1's share")
+	require.Equal(t, 6, re.Of)
+	require.Equal(t, "refused/x", string(re.Request.Key))
 	f.await(func() bool {
 		live := 0
 		for _, fs := range f.streams {
@@ -171,6 +176,9 @@ func TestWatchAllIsAllOrNothing(t *testing.T) {
 	// returned already, and the late watch is canceled once confirmed.
 	_, err = g.WatchAll(ctx(t), etcdwatch.Key("slow/0"), etcdwatch.Key("refused/y"), etcdwatch.Key("c"))
 	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	require.ErrorAs(t, err, &re, "a share of one request")
+	require.Equal(t, 1, re.Index)
+	require.Equal(t, 3, re.Of)
 	close(f.slow) // only now: the call did not wait for it
 	slow := f.streamOf("slow/0")
 	f.await(func() bool { return len(f.streams[slow].live) == 0 && slices.Contains(f.streams[slow].keys, "slow/0") }, "slow/0 confirmed, then canceled")
@@ -181,6 +189,8 @@ func TestWatchAllIsAllOrNothing(t *testing.T) {
 	_, err = g.WatchAll(ctx(t), bad...)
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
 	require.ErrorContains(t, err, "request 2 of 3")
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 2, re.Index)
 	_, err = g.Watch(ctx(t), etcdwatch.Request{})
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
 	require.NotContains(t, err.Error(), "request 0")
