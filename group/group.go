@@ -31,7 +31,7 @@ type Group struct {
 	born  time.Time               // when New returned
 
 	mu      sync.Mutex
-	placing []int              // per own Stream: watches placed there whose call has not returned; guarded by mu
+	placing []int              // per own Stream: watches placed there whose Stream has not answered yet; guarded by mu
 	pinned  map[*slot]struct{} // pinned Streams open now; guarded by mu
 	retired etcdwatch.Stats    // the counters of pinned Streams closed, added together; guarded by mu
 	closed  bool               // Close has begun: nothing more opens; guarded by mu
@@ -253,10 +253,10 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 	if err != nil {
 		return nil, err
 	}
-	defer g.placed(parts)
 	if len(parts) == 1 { // the common case, on this goroutine
 		p := parts[0]
 		ws, err := g.openPart(ctx, rs, p)
+		g.placed(parts)
 		if err != nil && len(rs) > 1 {
 			err = g.partError(p, rs, err)
 		}
@@ -267,6 +267,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 		go func() { // returns once its Stream has answered (bounded by ctx and Close); Close waits (wg.Add in place)
 			defer g.wg.Done()
 			ws, err := g.openPart(ctx, rs, p)
+			g.placed([]part{p}) // its own, when its Stream has answered: the call may have returned before, on another part's failure
 			if err != nil {
 				err = g.partError(p, rs, err)
 			}
@@ -448,8 +449,8 @@ func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
 	return parts, nil
 }
 
-// placed ends the count of place, the call having returned: its watches
-// now count in their Streams' Stats, or are gone.
+// placed ends the count of place for parts whose Streams have answered:
+// their watches now count in their Streams' Stats, or are gone.
 func (g *Group) placed(parts []part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
