@@ -2,7 +2,9 @@ package view_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -62,5 +64,47 @@ func TestNewRefusedMatchesTheWatchSentinel(t *testing.T) {
 		var se *etcdwatch.ServerError
 		require.ErrorAs(t, err, &se)
 		require.Equal(t, status.Code(tc.err), status.Code(err))
+	}
+}
+
+// TestSyncRetriesAnUnavailableRead: a Sync whose read fails for a reason
+// that may pass (a member's outage: Unavailable) reads again after the
+// Stream's retry delay, as a listing does, and returns once the view has
+// the store's revision; with every read failing, it gives up when its
+// context ends, with the context's cause and the last failure. Both where
+// Sync reads the store's revision (3.7) and where it reads the range
+// (3.4.23, no safe progress).
+func TestSyncRetriesAnUnavailableRead(t *testing.T) {
+	unavailable := status.Error(codes.Unavailable, "keepalive ping failed to receive ACK within timeout")
+	for _, release := range []string{"", "3.4.23"} {
+		t.Run("release "+release, func(t *testing.T) {
+			h := harnessOn(t, ws.StartRelease(t, release), etcdwatch.WithReconnectBackoff(time.Millisecond, 10*time.Millisecond))
+			vh := openView(h, view.DecodeBytes)
+			vh.kv.FailNext(unavailable, unavailable)
+			require.NoError(t, vh.v.Sync(context.Background()))
+			require.GreaterOrEqual(t, vh.v.Revision(), vh.kv.Revision())
+
+			failing := make([]error, 1000)
+			for i := range failing {
+				failing[i] = unavailable
+			}
+			vh.kv.FailNext(failing...)
+			before := len(vh.kv.Requests())
+			ctx, cancel := context.WithCancelCause(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- vh.v.Sync(ctx) }()
+			require.Eventually(t, func() bool { return len(vh.kv.Requests()) >= before+3 }, ws.Timeout, time.Millisecond,
+				"Sync read again after a failure")
+			gaveUp := errors.New("gave up")
+			cancel(gaveUp)
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(ws.Timeout):
+				t.Fatal("Sync did not end with its context")
+			}
+			require.ErrorIs(t, err, gaveUp)
+			require.Equal(t, codes.Unavailable, status.Code(err), "the last failure, kept: %v", err)
+		})
 	}
 }

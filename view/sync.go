@@ -3,6 +3,7 @@ package view
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -72,11 +73,57 @@ func (c *core[T]) sync(ctx context.Context) error {
 		}
 		return c.await(ctx, atLeast[T](rev))
 	}
-	rev, err := c.reads.revision(ctx)
+	var rev int64
+	err := c.retrying(ctx, func(ctx context.Context) (err error) {
+		rev, err = c.reads.revision(ctx)
+		return err
+	})
 	if err != nil {
 		return &readError{"reading the store's revision for Sync", err}
 	}
 	return c.waitFor(ctx, rev)
+}
+
+// retrying calls read until it succeeds or fails for a reason that will
+// not pass (listRetryable: a refusal, say), waiting the Source's RetryDelay
+// between tries, as a listing does: a Sync or WaitForRevision through a
+// member's outage waits for the Stream's connection to come back rather
+// than failing with Unavailable. It gives up when ctx ends, with ctx's
+// cause and the last failure (gaveUp), or when the state ends.
+func (c *core[T]) retrying(ctx context.Context, read func(context.Context) error) error {
+	var last error
+	for failures := 1; ; failures++ {
+		err := read(ctx)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil: // cut short
+			return gaveUp(ctx, last)
+		case !listRetryable(err):
+			return err
+		}
+		last = err
+		c.log.Debug("etcdwatch: view's read failed; trying again", "err", err)
+		t := time.NewTimer(c.src.RetryDelay(failures))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return gaveUp(ctx, last)
+		case <-c.done:
+			t.Stop()
+			return c.err
+		}
+	}
+}
+
+// gaveUp is ctx's cause, with the last failure of the reads it cut short
+// if there was one.
+func gaveUp(ctx context.Context, last error) error {
+	if last == nil {
+		return context.Cause(ctx)
+	}
+	return fmt.Errorf("%w (the last read failed: %w)", context.Cause(ctx), last)
 }
 
 // waitFor waits until the view has applied every change up to rev, asking
@@ -168,7 +215,11 @@ func (c *core[T]) progress(ctx context.Context) (int64, error) {
 // waits for a state that matches it, and has the runner move the view to
 // the read's revision: nothing of the range changed in between.
 func (c *core[T]) freshenByRead(ctx context.Context) (int64, error) {
-	f, err := c.reads.fresh(ctx)
+	var f freshness
+	err := c.retrying(ctx, func(ctx context.Context) (err error) {
+		f, err = c.reads.fresh(ctx)
+		return err
+	})
 	if err != nil {
 		return 0, &readError{"reading the range for Sync", err}
 	}

@@ -2,6 +2,7 @@ package view
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 	"sync"
@@ -168,10 +169,10 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 		return nil
 	case v.ctx.Err() != nil:
 		return context.Cause(v.ctx)
-	case ctx.Err() != nil:
+	case ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)):
 		return context.Cause(ctx)
 	}
-	return err
+	return err // ctx's cause with more said, as a read's last failure
 }
 
 // Stats returns the view's counters.
@@ -211,6 +212,11 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 // waits until the view holds as many keys, none changed since (the state
 // that read saw), and moves the view to the read's revision. That Range
 // makes the server read the whole range, without sending it.
+//
+// A read that fails for a reason that may pass (Unavailable, as through a
+// member's outage) is made again after the Source's RetryDelay, until ctx
+// ends; the error is then ctx's cause, wrapping the last failure. A
+// refusal (PermissionDenied, say) is returned at once.
 func (v *View[T]) Sync(ctx context.Context) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
