@@ -21,6 +21,7 @@ type ViewCollector struct {
 	keys, bytes, revision, lag                         *prometheus.Desc
 	relists, resyncs, decodeErrors, checks, mismatches *prometheus.Desc
 	subscribers, historyBytes                          *prometheus.Desc
+	restoreRefusals, saveFailures                      *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*ViewCollector)(nil)
@@ -51,6 +52,9 @@ func NewView(name string, r etcdwatch.Request, v ViewSource) *ViewCollector {
 		mismatches:   desc("integrity_mismatches_total", "Comparisons that found the view wrong, each repaired by a relist."),
 		subscribers:  desc("subscribers", "Open subscriptions to the view's changes."),
 		historyBytes: desc("history_bytes", "Bytes of changes kept for subscribers."),
+		restoreRefusals: desc("restore_refusals_total",
+			"Saved states refused at a warm start (corrupt, another format, range or cluster, ahead of the cluster): the view listed instead."),
+		saveFailures: desc("save_failures_total", "Saves of the view's state (WithStateFile) that failed."),
 	}
 }
 
@@ -60,6 +64,7 @@ func (c *ViewCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.keys, c.bytes, c.revision, c.lag,
 		c.relists, c.resyncs, c.decodeErrors, c.checks, c.mismatches,
 		c.subscribers, c.historyBytes,
+		c.restoreRefusals, c.saveFailures,
 	} {
 		ch <- d
 	}
@@ -80,4 +85,6 @@ func (c *ViewCollector) Collect(ch chan<- prometheus.Metric) {
 	out.counter(c.mismatches, st.IntegrityMismatches)
 	out.gauge(c.subscribers, float64(st.Subscribers))
 	out.gauge(c.historyBytes, float64(st.HistoryBytes))
+	out.counter(c.restoreRefusals, st.RestoreRefusals)
+	out.counter(c.saveFailures, st.SaveFailures)
 }

@@ -2,6 +2,7 @@ package etcdwatchprom_test
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func TestViewEveryField(t *testing.T) {
 	src := fixedView{
 		Keys: 7, Bytes: 1234, Revision: 99, Lag: 3, Relists: 2, Resyncs: 4,
 		DecodeErrors: 5, IntegrityChecks: 11, IntegrityMismatches: 1,
-		Subscribers: 6, HistoryBytes: 4096,
+		Subscribers: 6, HistoryBytes: 4096, RestoreRefusals: 8, SaveFailures: 9,
 	}
 	want := `
 # HELP etcdwatch_view_bytes Bytes of the view's keys and values as stored.
@@ -59,6 +60,12 @@ etcdwatch_view_relists_total{range="keys [\"a/\", \"a0\")",view="v"} 2
 # HELP etcdwatch_view_resyncs_total Whole states given to subscribers that fell behind the history.
 # TYPE etcdwatch_view_resyncs_total counter
 etcdwatch_view_resyncs_total{range="keys [\"a/\", \"a0\")",view="v"} 4
+# HELP etcdwatch_view_restore_refusals_total Saved states refused at a warm start (corrupt, another format, range or cluster, ahead of the cluster): the view listed instead.
+# TYPE etcdwatch_view_restore_refusals_total counter
+etcdwatch_view_restore_refusals_total{range="keys [\"a/\", \"a0\")",view="v"} 8
+# HELP etcdwatch_view_save_failures_total Saves of the view's state (WithStateFile) that failed.
+# TYPE etcdwatch_view_save_failures_total counter
+etcdwatch_view_save_failures_total{range="keys [\"a/\", \"a0\")",view="v"} 9
 # HELP etcdwatch_view_revision The view's revision: every change of its range up to it is applied.
 # TYPE etcdwatch_view_revision gauge
 etcdwatch_view_revision{range="keys [\"a/\", \"a0\")",view="v"} 99
@@ -68,7 +75,8 @@ etcdwatch_view_subscribers{range="keys [\"a/\", \"a0\")",view="v"} 6
 `
 	c := etcdwatchprom.NewView("v", etcdwatch.Prefix("a/"), src)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want)))
-	require.Equal(t, 11, testutil.CollectAndCount(c))
+	require.Equal(t, 13, testutil.CollectAndCount(c))
+	require.Equal(t, reflect.TypeFor[view.Stats]().NumField(), testutil.CollectAndCount(c), "a metric for each field of view.Stats")
 	lint, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	require.Empty(t, lint)
