@@ -21,7 +21,6 @@ type dispatcher struct {
 
 	sess      *session        // the gRPC stream now; nil while waiting to reconnect
 	sessStart time.Time       // when sess was opened
-	sessOpen  bool            // sess has opened its gRPC stream
 	sessHeard bool            // the server has said something on sess
 	heardAt   time.Time       // when the last burst of responses arrived, on any stream
 	discard   bool            // sess's answers cannot be matched: nothing more is read from it
@@ -80,16 +79,12 @@ func (d *dispatcher) run() {
 	defer d.shutdown()
 	for {
 		var (
-			recv   <-chan wireResponse
-			send   chan<- []wireRequest
-			opened <-chan struct{}
-			dead   <-chan struct{}
+			recv <-chan wireResponse
+			send chan<- []wireRequest
+			dead <-chan struct{}
 		)
 		if d.sess != nil {
 			dead = d.sess.dead
-			if !d.sessOpen {
-				opened = d.sess.opened
-			}
 			if d.reading() {
 				recv = d.sess.recv
 			}
@@ -107,8 +102,6 @@ func (d *dispatcher) run() {
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.outbox = nil
-		case <-opened:
-			d.sessOpen = true
 		case <-dead:
 			d.handleSessionEnd()
 			d.s.hooks.at(hookStreamEnd)

@@ -3,6 +3,7 @@ package etcdwatch
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 )
 
 // lane is one gRPC Watch stream of a Stream and the dispatcher goroutine
@@ -111,10 +112,7 @@ func combine(a, b State) State {
 }
 
 // storeMax raises c to v if v is higher.
-func storeMax(c interface {
-	Load() int64
-	CompareAndSwap(old, new int64) bool
-}, v int64) {
+func storeMax(c *atomic.Int64, v int64) {
 	for {
 		old := c.Load()
 		if v <= old || c.CompareAndSwap(old, v) {

@@ -27,7 +27,7 @@ var (
 func (d *dispatcher) connect() {
 	d.sess = startSession(d.open, d.s.hooks)
 	d.pipeline.opened() // the new stream may reach another server
-	d.sessStart, d.sessOpen, d.sessHeard = d.clock.Now(), false, false
+	d.sessStart, d.sessHeard = d.clock.Now(), false
 	d.live.arm(d.clock)
 	d.hurry.arm(d.clock)
 	d.flushCreates()

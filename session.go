@@ -89,7 +89,6 @@ type session struct {
 	cancel context.CancelCauseFunc
 	recv   chan wireResponse  // recvLoop -> dispatcher, readAhead deep
 	send   chan []wireRequest // dispatcher -> sendLoop
-	opened chan struct{}      // closed by recvLoop once the stream is open
 	dead   chan struct{}      // closed by exit
 	err    error              // why the session ended; read after dead is closed
 	ahead  atomic.Int64       // bytes of the big messages in recv
@@ -123,7 +122,6 @@ func startSession(open opener, h *hooks) *session {
 		cancel: cancel,
 		recv:   make(chan wireResponse, readAhead),
 		room:   make(chan struct{}, 1),
-		opened: make(chan struct{}),
 		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
 		hooks:  h,
@@ -156,7 +154,6 @@ func (s *session) recvLoop(open opener) error {
 	if err != nil {
 		return err
 	}
-	close(s.opened)
 	s.wg.Add(1)
 	go func() { // exits when a Send fails or ctx ends; waited for in close
 		defer s.wg.Done()

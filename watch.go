@@ -112,18 +112,15 @@ func (w *Watch) cancelWith(err error) {
 
 // finish ends the watch with err once its consumer has taken what it
 // holds, and reports whether this call ended it.
-func (w *Watch) finish(err error) bool {
-	ended, tell := w.out.finish(err)
-	if tell {
-		w.out.to.schedule(w)
-	}
-	return ended
-}
+func (w *Watch) finish(err error) bool { return w.told(w.out.finish(err)) }
 
 // abort ends the watch with err at once, dropping what it holds, and
 // reports whether this call ended it.
-func (w *Watch) abort(err error) bool {
-	ended, tell := w.out.abort(err)
+func (w *Watch) abort(err error) bool { return w.told(w.out.abort(err)) }
+
+// told hands a Handler's watch the news of its end (tell), and returns
+// ended.
+func (w *Watch) told(ended, tell bool) bool {
 	if tell {
 		w.out.to.schedule(w)
 	}
