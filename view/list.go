@@ -131,6 +131,14 @@ type freshness struct {
 	rev, count, newest int64
 }
 
+// seenBy reports whether a state at rev holding keys keys is the one the
+// read f saw, or a later one: it is at f's revision or later, or it holds
+// as many keys, none changed after rev. Any change to the range after rev
+// would have left either a newer key or another count.
+func (f freshness) seenBy(rev int64, keys int) bool {
+	return rev >= f.rev || (int64(keys) == f.count && f.newest <= rev)
+}
+
 // fresh reads the range's freshness with one Range: the key with the newest
 // ModRevision, without values, and the count of all.
 func (l *lister) fresh(ctx context.Context) (freshness, error) {

@@ -122,15 +122,7 @@ func (ed *tableEditor[T]) Map() table[T] {
 	return table[T]{recs: ed.recs.Map(), wides: ed.wides.Map()}
 }
 
-// Get returns the key's Entry in the editor, and whether it exists.
-func (ed *tableEditor[T]) Get(key string) (Entry[T], bool) {
-	r, ok := ed.recs.Get(key)
-	if !ok {
-		return Entry[T]{}, false
-	}
-	return ed.entry(key, &r), true
-}
-
+// entry is the Entry of key, whose record is r.
 func (ed *tableEditor[T]) entry(key string, r *record[T]) Entry[T] {
 	e := r.entry(key)
 	if r.isWide() {

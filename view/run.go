@@ -232,7 +232,7 @@ func (r *runner[T]) watchEnded() error {
 // behind it and its state is the one f saw (see seen): nothing of the
 // range changed in between. It reports whether it moved.
 func (r *runner[T]) move(f freshness) bool {
-	if r.rev >= f.rev || int64(r.ed.Len()) != f.count || f.newest > r.rev {
+	if r.rev >= f.rev || !f.seenBy(r.rev, r.ed.Len()) {
 		return false
 	}
 	r.rev = f.rev

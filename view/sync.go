@@ -236,12 +236,8 @@ func (c *core[T]) freshenByRead(ctx context.Context) (int64, error) {
 	return f.rev, nil
 }
 
-// seen is await's condition of the state the read f saw: at f's revision
-// or later, or with as many keys, none changed after the state's revision.
-// Any change to the range after it would have left either a newer key or
-// another count.
+// seen is await's condition of the state the read f saw, or a later one
+// (freshness.seenBy).
 func seen[T any](f freshness) func(*Snapshot[T]) bool {
-	return func(s *Snapshot[T]) bool {
-		return s.rev >= f.rev || (int64(s.Len()) == f.count && f.newest <= s.rev)
-	}
+	return func(s *Snapshot[T]) bool { return f.seenBy(s.rev, s.Len()) }
 }

@@ -342,7 +342,7 @@ func (g *goal) reached(rev int64, keys int) bool {
 	if rev >= g.rev {
 		return true
 	}
-	return g.fresh != nil && int64(keys) == g.fresh.count && g.fresh.newest <= rev
+	return g.fresh != nil && g.fresh.seenBy(rev, keys)
 }
 
 // vouch asks the server what revision the view must reach, as Sync does:
