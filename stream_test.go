@@ -410,6 +410,9 @@ func TestRequestProgressWhenLastWatchGoes(t *testing.T) {
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	w.Cancel()
+	// The dispatcher has the cancel before the tick: Cancel returns once the
+	// watch's channel is closed, which may be before.
+	h.await(func() bool { return h.s.Stats().Watches == 0 })
 	awaitArmed(t, clk, 5*time.Millisecond)
 	clk.Advance(5 * time.Millisecond) // when it would ask again
 	require.ErrorIs(t, recvProgress(t, got).err, etcdwatch.ErrNoWatches)
