@@ -40,6 +40,7 @@ type core[T any] struct {
 	ready  chan struct{}  // closed by the runner once the first state is published and watched; by finish if it never was
 	done   chan struct{}  // closed by finish
 	err    error          // why the state ended; written before done is closed
+	unmade error          // why the state ended before it was ready; written by finish before it closes ready
 	tasks  sync.WaitGroup // checkLoop and askProgress's requests; start waits for them
 
 	// Between the runner, its tasks and the callers of Sync and
@@ -123,11 +124,15 @@ func (c *core[T]) leave(done chan struct{}) {
 
 // finish records why the state ended, wakes its waiters and subscribers,
 // and ends every View still holding it: their ctx ended with the state's.
-func (c *core[T]) finish(err error) {
+// ready tells whether the runner closed core.ready; if not, finish does,
+// with err as the reason New fails (a restored state may have been
+// published, and even so never made ready).
+func (c *core[T]) finish(err error, ready bool) {
 	c.err = err
 	c.hist.end()
 	close(c.done)
-	if c.snap.Load() == nil { // else the runner has closed ready
+	if !ready {
+		c.unmade = err
 		close(c.ready)
 	}
 	c.mu.Lock()
@@ -139,15 +144,9 @@ func (c *core[T]) finish(err error) {
 	}
 }
 
-// failed returns why the state ended before it was first published; nil
-// once it was. Call after ready is closed.
-func (c *core[T]) failed() error {
-	if c.snap.Load() != nil {
-		return nil
-	}
-	<-c.done
-	return c.err
-}
+// failed returns why the state ended before it was ready, or nil if it
+// was made ready. Call after ready is closed.
+func (c *core[T]) failed() error { return c.unmade }
 
 // statsNow is Stats of the state now, without what is a View's own.
 func (c *core[T]) statsNow() Stats {

@@ -31,10 +31,11 @@ type runner[T any] struct {
 // start runs the state until it ends, then ends its tasks and tells every
 // View, reader, waiter and subscriber why.
 func (c *core[T]) start() {
-	err := newRunner(c).run()
+	r := newRunner(c)
+	err := r.run()
 	c.cancel(err)
 	c.tasks.Wait()
-	c.finish(err)
+	c.finish(err, r.listed)
 }
 
 func newRunner[T any](c *core[T]) *runner[T] {

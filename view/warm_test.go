@@ -359,6 +359,23 @@ func TestRestoreWithoutSafeProgress(t *testing.T) {
 	require.True(t, last.SortTarget == pb.RangeRequest_MOD && last.KeysOnly && last.Limit == 1, "the read: the newest key, without values")
 }
 
+// TestRestoreFailsWhenItsWatchEnds: a restored view publishes the loaded
+// state before it catches up; when the server then ends its watch for
+// good, New fails with why, although a state was published. Catches: New
+// waiting for its context (the loaded state taken for a ready view), or
+// returning a view whose state has ended.
+func TestRestoreFailsWhenItsWatchEnds(t *testing.T) {
+	h := newHarness(t)
+	putKeys(h.server.KV(), 3)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+
+	res, id := h.restoring(at, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(at), WatchId: id, Canceled: true, CancelReason: "etcdserver: permission denied"})
+	got := recv(t, res, "view.New")
+	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
+	require.Nil(t, got.v)
+}
+
 // decoded returns a Decoder of plain values that records the keys it was
 // given.
 func decoded(keys *[]string) view.Decoder[[]byte] {
