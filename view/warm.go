@@ -14,7 +14,6 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
 // warmOptions are the options of warm restarts.
@@ -185,11 +184,10 @@ func (r *runner[T]) restore() (bool, error) {
 	r.watch.Store(watch) // for vouch's progress requests
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
-	vouched := make(chan goal, 1)
+	vouched := make(chan vouching, 1)
 	r.tasks.Go(func() { // returns with the answer, or once restore has returned; start waits
-		if g := r.vouch(ctx); g != nil {
-			vouched <- *g
-		}
+		g, err := r.vouch(ctx)
+		vouched <- vouching{g, err}
 	})
 	ld, err := r.load(sr, h)
 	if err != nil {
@@ -276,8 +274,9 @@ func (r *runner[T]) refuse(err error) {
 // answer comes on vouched), and publishes them as one batch from the saved
 // revision (sinceSave). It reports false, nil when the watch was
 // compacted: the state at the saved revision stays published, and a
-// listing follows.
-func (r *runner[T]) catchUp(saved int64, vouched <-chan goal) (bool, error) {
+// listing follows. When vouch gave up (a refused read), it ends the watch
+// and returns the read's error, as a refused listing would.
+func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching) (bool, error) {
 	var changes []Change[T]
 	var g *goal
 	for g == nil || !g.reached(r.rev, r.ed.Len()) {
@@ -288,7 +287,11 @@ func (r *runner[T]) catchUp(saved int64, vouched <-chan goal) (bool, error) {
 			}
 			changes = append(changes, r.apply(resp)...)
 		case v := <-vouched:
-			g = &v
+			if v.err != nil {
+				r.w.Cancel()
+				return true, &readError{"reading how far to catch up", v.err}
+			}
+			g = &v.goal
 		case <-r.ctx.Done():
 			r.w.Cancel()
 			return true, context.Cause(r.ctx)
@@ -345,30 +348,33 @@ func (g *goal) reached(rev int64, keys int) bool {
 	return g.fresh != nil && g.fresh.seenBy(rev, keys)
 }
 
+// vouching is what vouch found: a goal, or why it gave up.
+type vouching struct {
+	goal
+	err error
+}
+
 // vouch asks the server what revision the view must reach, as Sync does:
 // a progress answer, or where there is none safe or in time, a read of the
-// range's freshness; it tries again after the Source's RetryDelay while the
-// read fails. nil once ctx has ended.
-func (c *core[T]) vouch(ctx context.Context) *goal {
-	for failures := 1; ; failures++ {
+// range's freshness. It tries again as Sync does (retrying): while the read
+// fails for a reason that may pass, until ctx ends.
+func (c *core[T]) vouch(ctx context.Context) (goal, error) {
+	var g goal
+	err := c.retrying(ctx, func(ctx context.Context) error {
 		pctx, cancel := context.WithTimeout(ctx, progressWait)
 		rev, err := c.progress(pctx)
 		cancel()
 		if err == nil {
-			return &goal{rev: rev}
-		}
-		if ctx.Err() != nil {
+			g = goal{rev: rev}
 			return nil
 		}
 		f, err := c.reads.fresh(ctx)
 		if err == nil {
-			return &goal{rev: f.rev, fresh: &f}
+			g = goal{rev: f.rev, fresh: &f}
 		}
-		c.log.Debug("etcdwatch: view cannot tell how far to catch up; trying again", "err", err)
-		if clock.Sleep(ctx, clock.Real, c.src.RetryDelay(failures)) != nil {
-			return nil
-		}
-	}
+		return err
+	})
+	return g, err
 }
 
 // header reads the cluster ID and current revision of the server, with one

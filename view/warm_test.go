@@ -359,6 +359,32 @@ func TestRestoreWithoutSafeProgress(t *testing.T) {
 	require.True(t, last.SortTarget == pb.RangeRequest_MOD && last.KeysOnly && last.Limit == 1, "the read: the newest key, without values")
 }
 
+// TestRestoreFailsOnARefusedRead: where progress is unsafe, a restored
+// view learns how far to catch up from a read of the range; when the
+// server refuses that read, New fails with the refusal, as for a refused
+// listing, having asked once and ended its watch. Catches: the read tried
+// again until New's context ends (New then returns the view the second
+// read vouched for), the refusal lost or the watch left running.
+func TestRestoreFailsOnARefusedRead(t *testing.T) {
+	h := harnessOn(t, ws.StartRelease(t, "3.4.23"))
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	before := len(kv.Requests())
+	// The header's read goes through; the freshness read, the only other one
+	// when nothing was written since the save, is refused.
+	kv.FailNext(nil, status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
+
+	res, id := h.restoring(at, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	got := recv(t, res, "view.New")
+	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
+	require.Nil(t, got.v)
+	require.Equal(t, id, h.srv.RecvCancel(t), "the watch from the saved revision ends")
+	reqs := kv.Requests()[before:]
+	require.Len(t, reqs, 2, "the header and one freshness read, not tried again")
+	require.True(t, reqs[1].SortTarget == pb.RangeRequest_MOD && reqs[1].KeysOnly && reqs[1].Limit == 1, "the read: the newest key, without values")
+}
+
 // TestRestoreFailsWhenItsWatchEnds: a restored view publishes the loaded
 // state before it catches up; when the server then ends its watch for
 // good, New fails with why, although a state was published. Catches: New
