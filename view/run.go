@@ -144,12 +144,9 @@ func (r *runner[T]) listAndWatch() error {
 	if err != nil {
 		return err
 	}
-	r.ed, r.rev, r.bytes, r.w = d.ed, rev, d.bytes, w
-	r.watch.Store(w)
-	r.raw = d.raw
+	r.install(d.ed, d.raw, rev, d.bytes, w)
 	if first {
-		r.hist.floor, r.from = rev, rev
-		r.publish()
+		r.publishFirst()
 		return nil
 	}
 	r.stats.relists.Add(1)
@@ -328,6 +325,21 @@ func (s *entrySlab[T]) keep(e Entry[T]) *Entry[T] {
 	*p = e
 	s.free = s.free[1:]
 	return p
+}
+
+// install makes a state listed or loaded at rev the runner's, followed
+// from there by w. The runner publishes it next: publishFirst, or publish
+// with the difference from the state before.
+func (r *runner[T]) install(ed *tableEditor[T], raw raws, rev, bytes int64, w *etcdwatch.Watch) {
+	r.ed, r.raw, r.rev, r.bytes, r.w = ed, raw, rev, bytes, w
+	r.watch.Store(w)
+}
+
+// publishFirst publishes the installed state as the first one of its
+// history: no batch leads to it, and subscribers start from its revision.
+func (r *runner[T]) publishFirst() {
+	r.hist.floor, r.from = r.rev, r.rev
+	r.publish()
 }
 
 // publish makes the editor's state the view's, with bs as the steps to it.

@@ -198,9 +198,8 @@ func (r *runner[T]) restore() (bool, error) {
 	}
 	w.cluster.Store(cluster)
 	w.restored = h.revision
-	r.ed, r.raw, r.rev, r.bytes, r.w = ld.ed, ld.raw, h.revision, ld.bytes, watch
-	r.hist.floor, r.from = r.rev, r.rev
-	r.publish()
+	r.install(ld.ed, ld.raw, h.revision, ld.bytes, watch)
+	r.publishFirst()
 	return r.catchUp(h.revision, vouched)
 }
 

@@ -50,12 +50,10 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	r.ed, r.raw, r.rev, r.bytes, r.w = d.ed, d.raw, rev, d.bytes, w
-	r.watch.Store(w)
+	r.install(d.ed, d.raw, rev, d.bytes, w)
 	if loadErr != nil {
 		r.refuse(loadErr)
-		r.hist.floor, r.from = rev, rev
-		r.publish()
+		r.publishFirst()
 		return true, nil
 	}
 	relisted(d.changes, rev)
