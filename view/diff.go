@@ -58,15 +58,25 @@ func (d *differ[T]) both(old Entry[T], kv *mvccpb.KeyValue) {
 	d.ed.Set(&e)
 	d.raw.set(e.Key, kv.Value)
 	d.bytes += int64(e.size - old.size)
-	if !d.record {
-		return
+	if d.record {
+		d.changes = replaced(d.changes, e, old.CreateRevision, old.ModRevision, func() *Entry[T] { return kept(old) })
 	}
-	if old.CreateRevision != kv.CreateRevision {
-		d.note(Change[T]{Kind: Deleted, Key: e.Key, Prev: kept(old)})
-		d.note(Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
-		return
+}
+
+// replaced appends the changes that took a key from its earlier form, of
+// revisions create and mod (prev gives its Entry), to e: none while mod is
+// e's; deleted and created again when create is not e's; else updated. The
+// one place a listing's difference per key is decided, for relists and
+// for restores found compacted alike.
+func replaced[T any](changes []Change[T], e Entry[T], create, mod int64, prev func() *Entry[T]) []Change[T] {
+	switch {
+	case mod == e.ModRevision:
+		return changes
+	case create != e.CreateRevision:
+		return append(changes, Change[T]{Kind: Deleted, Key: e.Key, Prev: prev()}, Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
+	default:
+		return append(changes, Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: prev()})
 	}
-	d.note(Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: kept(old)})
 }
 
 // stateOnly deletes a key of the base that the listing passed without.

@@ -102,13 +102,7 @@ func (d *savedDiffer[T]) listedOnly(kv *mvccpb.KeyValue) {
 
 func (d *savedDiffer[T]) both(s savedEntry, kv *mvccpb.KeyValue) {
 	e := d.listed(kv)
-	switch {
-	case s.mod == kv.ModRevision:
-	case s.create != kv.CreateRevision:
-		d.changes = append(d.changes, Change[T]{Kind: Deleted, Key: e.Key, Prev: d.saved(s)}, Change[T]{Kind: Created, Key: e.Key, Entry: kept(e)})
-	default:
-		d.changes = append(d.changes, Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: d.saved(s)})
-	}
+	d.changes = replaced(d.changes, e, s.create, s.mod, func() *Entry[T] { return d.saved(s) })
 }
 
 func (d *savedDiffer[T]) stateOnly(key string, s savedEntry) {
