@@ -24,6 +24,7 @@ type fake struct {
 	streams  []*fakeStream
 	holdNext bool          // the next stream opened waits for release before answering
 	slow     chan struct{} // creates of keys under slow/ wait until it is closed
+	held     int           // creates of slow/ keys waiting for slow, over every stream
 	changed  chan struct{} // closed, and replaced, at each change
 	wg       sync.WaitGroup
 }
@@ -90,6 +91,10 @@ func (f *fake) serveStream(fs *fakeStream) {
 	}
 	for req := range fs.st.Requests() {
 		if c := req.GetCreateRequest(); c != nil && strings.HasPrefix(string(c.Key), "slow/") {
+			f.mu.Lock()
+			f.held++
+			f.changedLocked()
+			f.mu.Unlock()
 			select {
 			case <-f.slow:
 			case <-f.t.Context().Done():
@@ -185,6 +190,9 @@ func (f *fake) answer(i int, revs ...int64) {
 	defer f.mu.Unlock()
 	fs.progress = revs
 }
+
+// holding waits until n creates of slow/ keys are held, over every stream.
+func (f *fake) holding(n int) { f.await(func() bool { return f.held >= n }, "slow creates held") }
 
 // release lets a held stream answer.
 func (f *fake) release(i int) { close(f.stream(i).hold) }

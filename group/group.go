@@ -32,6 +32,7 @@ type Group struct {
 
 	mu      sync.Mutex
 	placing []int              // per own Stream: watches placed there whose Stream has not answered yet; guarded by mu
+	pinning []int              // per own Stream: pinned watches placed on its connection, not yet answered; guarded by mu
 	pinned  map[*slot]struct{} // pinned Streams open now; guarded by mu
 	retired etcdwatch.Stats    // the counters of pinned Streams closed, added together; guarded by mu
 	closed  bool               // Close has begun: nothing more opens; guarded by mu
@@ -50,6 +51,11 @@ type slot struct {
 	stream *etcdwatch.Stream
 	conn   grpc.ClientConnInterface // the connection given (New) or dialed (Dial), under the tracker: pinned Streams open on it too
 	track  *tracked
+	// For a pinned Stream: on is the own Stream on whose connection it
+	// opened, fixed; retiring, that its watch has ended and it is
+	// closing, guarded by the group's mu.
+	on       int
+	retiring bool
 }
 
 var _ view.Source = (*Group)(nil)
@@ -140,6 +146,7 @@ func start(conns []grpc.ClientConnInterface, owned []*grpc.ClientConn, o options
 		owned:   owned,
 		opts:    o,
 		placing: make([]int, len(conns)),
+		pinning: make([]int, len(conns)),
 		pinned:  map[*slot]struct{}{},
 	}
 	for i, conn := range conns {
@@ -184,7 +191,7 @@ func isNil(conn grpc.ClientConnInterface) bool {
 // The watch stays on its Stream for its whole life: when that Stream's
 // member fails, the watch resumes with the Stream on another member.
 func (g *Group) Watch(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watch, error) {
-	ws, err := g.open(ctx, []etcdwatch.Request{r}, false)
+	ws, err := g.open(ctx, []etcdwatch.Request{r}, callWatch)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +208,7 @@ func (g *Group) Watch(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watc
 // Stream of its own, the watch needs no gRPC stream apart. Otherwise it
 // is Watch.
 func (g *Group) WatchPinned(ctx context.Context, r etcdwatch.Request) (*etcdwatch.Watch, error) {
-	ws, err := g.open(ctx, []etcdwatch.Request{r}, true)
+	ws, err := g.open(ctx, []etcdwatch.Request{r}, callPinned)
 	if err != nil {
 		return nil, err
 	}
@@ -225,8 +232,19 @@ func (g *Group) WatchAll(ctx context.Context, rs ...etcdwatch.Request) ([]*etcdw
 	if len(rs) == 0 {
 		return nil, nil
 	}
-	return g.open(ctx, rs, false)
+	return g.open(ctx, rs, callAll)
 }
+
+// call is which method a call to open serves: its errors are Watch's
+// (the Stream's own) for Watch and WatchPinned, and name the request by
+// its index for WatchAll, however many requests it has.
+type call int
+
+const (
+	callWatch  call = iota // Watch: one request, pinned if Isolated
+	callPinned             // WatchPinned: one request, pinned
+	callAll                // WatchAll
+)
 
 // part is the requests of one call placed on one Stream: the indices of
 // rs given to one of the group's Streams, or the index of one request
@@ -237,10 +255,10 @@ type part struct {
 	idx    []int // indices in rs, in order
 }
 
-func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) ([]*etcdwatch.Watch, error) {
+func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, kind call) ([]*etcdwatch.Watch, error) {
 	for i, r := range rs {
 		if err := r.Validate(); err != nil {
-			if len(rs) == 1 {
+			if kind != callAll {
 				return nil, err
 			}
 			return nil, &etcdwatch.RequestError{Index: i, Of: len(rs), Request: r, Err: err}
@@ -249,7 +267,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 	if err := context.Cause(ctx); err != nil {
 		return nil, err
 	}
-	parts, err := g.place(rs, pinAll)
+	parts, err := g.place(rs, kind == callPinned)
 	if err != nil {
 		return nil, err
 	}
@@ -257,8 +275,8 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 		p := parts[0]
 		ws, err := g.openPart(ctx, rs, p)
 		g.placed(parts)
-		if err != nil && len(rs) > 1 {
-			err = g.partError(p, rs, err)
+		if err != nil && kind == callAll {
+			err = g.partError(ctx, p, rs, err)
 		}
 		return ws, err
 	}
@@ -269,7 +287,7 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 			ws, err := g.openPart(ctx, rs, p)
 			g.placed([]part{p}) // its own, when its Stream has answered: the call may have returned before, on another part's failure
 			if err != nil {
-				err = g.partError(p, rs, err)
+				err = g.partError(ctx, p, rs, err)
 			}
 			c.finish(p, ws, err)
 		}()
@@ -287,24 +305,35 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, pinAll bool) (
 // concerns one request names it by its index among the call's requests rs
 // (a *etcdwatch.RequestError), not among the part's: a part of several
 // gets one from WatchAll, with the part's index; a part of one request
-// gets the server's refusal as it is.
-func (g *Group) partError(p part, rs []etcdwatch.Request, err error) error {
-	var (
-		re *etcdwatch.RequestError
-		se *etcdwatch.ServerError
-	)
-	switch {
-	case errors.As(err, &re):
-		i := p.idx[re.Index]
-		err = &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: re.Err}
-	case len(p.idx) == 1 && errors.As(err, &se):
-		i := p.idx[0]
-		err = &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: err}
+// gets the server's refusal as it is. ctx's cause is no request's error,
+// whatever it holds (errgroup's is a sibling call's).
+func (g *Group) partError(ctx context.Context, p part, rs []etcdwatch.Request, err error) error {
+	if cause := context.Cause(ctx); cause == nil || !errors.Is(err, cause) {
+		err = requestError(p, rs, err)
 	}
 	if p.pinned {
 		return fmt.Errorf("pinned stream: %w", err)
 	}
 	return fmt.Errorf("stream %s: %w", g.own[p.on].name, err)
+}
+
+// requestError names the request of rs that err, a part's error, concerns,
+// if it concerns one: a *etcdwatch.RequestError from the part's
+// WatchAll, or a refusal (*etcdwatch.ServerError) of its one request.
+func requestError(p part, rs []etcdwatch.Request, err error) error {
+	var (
+		re *etcdwatch.RequestError
+		se *etcdwatch.ServerError
+	)
+	switch {
+	case errors.As(err, &re) && re.Of == len(p.idx) && re.Index >= 0 && re.Index < len(p.idx):
+		i := p.idx[re.Index]
+		return &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: re.Err}
+	case len(p.idx) == 1 && errors.As(err, &se):
+		i := p.idx[0]
+		return &etcdwatch.RequestError{Index: i, Of: len(rs), Request: rs[i], Err: err}
+	}
+	return err
 }
 
 // multiCall gathers the parts of a call spread over several Streams.
@@ -378,6 +407,7 @@ func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*e
 	if err != nil {
 		return nil, err // the options opened the group's own Streams: not expected
 	}
+	sl.on = on
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
@@ -402,8 +432,13 @@ func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*e
 	return w, nil
 }
 
-// retire closes a pinned Stream and keeps its counters.
+// retire closes a pinned Stream and keeps its counters. Marked retiring
+// first, the Stream leaves State and placement before its Close reads as
+// a failure; it stays in Stats until its counters are among the retired.
 func (g *Group) retire(sl *slot) {
+	g.mu.Lock()
+	sl.retiring = true
+	g.mu.Unlock()
 	_ = sl.stream.Close()
 	st := sl.stream.Stats()
 	st.Watches, st.Paused = 0, 0 // gauges: none now
@@ -431,6 +466,7 @@ func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
 		on := p.next(pin)
 		if pin {
 			pinned = append(pinned, part{on: on, pinned: true, idx: []int{i}})
+			g.pinning[on]++
 			continue
 		}
 		byStream[on] = append(byStream[on], i)
@@ -455,7 +491,9 @@ func (g *Group) placed(parts []part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, p := range parts {
-		if !p.pinned {
+		if p.pinned {
+			g.pinning[p.on]--
+		} else {
 			g.placing[p.on] -= len(p.idx)
 		}
 	}
@@ -471,10 +509,18 @@ func (g *Group) candidates() []candidate {
 			watches: int(sl.stream.Stats().Watches) + g.placing[i],
 			healthy: healthy(st),
 			member:  sl.track.where(),
+			on:      i,
 		})
 	}
 	for sl := range g.pinned {
-		cs = append(cs, candidate{watches: 1, healthy: healthy(sl.stream.State()), member: sl.track.where(), pinned: true})
+		if !sl.retiring {
+			cs = append(cs, candidate{watches: 1, healthy: healthy(sl.stream.State()), member: sl.track.where(), on: sl.on, pinned: true})
+		}
+	}
+	for i, n := range g.pinning { // placed, their Streams not yet answered: where placement put them
+		for range n {
+			cs = append(cs, candidate{watches: 1, healthy: true, member: cs[i].member, on: i, pinned: true})
+		}
 	}
 	return cs
 }
@@ -505,33 +551,43 @@ func (g *Group) RequestProgress(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	floor := g.Stats().Revision
-	type answer struct {
-		rev int64
-		err error
-	}
-	answers := make([]answer, len(slots))
+	revs := make([]int64, len(slots))
+	errs := make([]error, len(slots))
+	// The first failure that counts decides the call: it ends the others'
+	// waits at once (with itself as the cause), rather than the slowest
+	// Stream's answer.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	var wg sync.WaitGroup
 	for i, sl := range slots {
 		wg.Go(func() { // returns with the Stream's answer, bounded by ctx; waited for below
-			answers[i].rev, answers[i].err = askAtLeast(ctx, sl.stream, floor)
+			revs[i], errs[i] = askAtLeast(ctx, sl.stream, floor)
+			if errs[i] != nil && !g.excused(sl, errs[i]) {
+				fail(errs[i])
+			}
 		})
 	}
 	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		return 0, err
+	}
 	rev, answered := int64(0), false
-	for i, a := range answers {
-		switch {
-		case errors.Is(a.err, etcdwatch.ErrNoWatches): // a Stream the server has nothing to answer for
-		case errors.Is(a.err, etcdwatch.ErrClosed) && g.unpinned(slots[i]): // its pinned watch ended meanwhile
-		case a.err != nil:
-			return 0, a.err
-		case !answered || a.rev < rev:
-			rev, answered = a.rev, true
+	for i, r := range revs {
+		if errs[i] == nil && (!answered || r < rev) {
+			rev, answered = r, true
 		}
 	}
 	if !answered {
 		return 0, etcdwatch.ErrNoWatches
 	}
 	return rev, nil
+}
+
+// excused reports whether RequestProgress may leave out sl's failure err:
+// a Stream the server has nothing to answer for, or a pinned one whose
+// watch ended meanwhile.
+func (g *Group) excused(sl *slot, err error) bool {
+	return errors.Is(err, etcdwatch.ErrNoWatches) || (errors.Is(err, etcdwatch.ErrClosed) && g.unpinned(sl))
 }
 
 // unpinned reports whether ErrClosed from sl's Stream means that its

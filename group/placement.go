@@ -15,6 +15,10 @@ type candidate struct {
 	// pinned: a Stream of one watch. It takes no other, but its watch
 	// weighs on its member.
 	pinned bool
+	// on is the index of the group's own Stream: the candidate's own, or
+	// for a pinned one, the Stream on whose connection it opened. Where a
+	// member is unknown, that is where the pinned watch weighs.
+	on int
 }
 
 // placement chooses the Streams of a call's watches, one at a time,
@@ -28,9 +32,10 @@ type candidate struct {
 //     again. Pinned Streams are never chosen.
 //  2. The member with the fewest watches, counting every Stream on it,
 //     pinned ones too; a Stream whose member is unknown counts as a
-//     member of its own. So watches spread over members, not just over
-//     Streams: two Streams that landed on one member share that member's
-//     part, and a member's failure moves as few watches as it can.
+//     member of its own, with the pinned Streams opened on its connection.
+//     So watches spread over members, not just over Streams: two Streams
+//     that landed on one member share that member's part, and a member's
+//     failure moves as few watches as it can.
 //  3. On that member, the Stream with the fewest watches.
 //  4. Ties: the lowest index, so that placement is deterministic.
 //
@@ -65,23 +70,26 @@ func (p *placement) next(pinned bool) int {
 		return -1
 	}
 	if pinned {
-		p.cands = append(p.cands, candidate{watches: 1, healthy: true, member: p.cands[best].member, pinned: true})
+		p.cands = append(p.cands, candidate{watches: 1, healthy: true, member: p.cands[best].member, on: best, pinned: true})
 	} else {
 		p.cands[best].watches++
 	}
 	return best
 }
 
-// memberLoad is the watches of every Stream on the member of Stream i, or
-// Stream i's own if its member is unknown.
+// memberLoad is the watches of every Stream on the member of Stream i:
+// those whose member is known to be i's, and the pinned Streams opened on
+// i's connection whose member, or i's, is unknown (a pinned Stream not yet
+// answered; an own Stream with no watch, which has not heard from its
+// server).
 func (p *placement) memberLoad(i int) int {
 	m := p.cands[i].member
-	if m == "" {
-		return p.cands[i].watches
-	}
 	n := 0
-	for _, c := range p.cands {
-		if c.member == m {
+	for k, c := range p.cands {
+		switch {
+		case k == i, m != "" && c.member == m:
+			n += c.watches
+		case c.pinned && c.on == i && (m == "" || c.member == ""):
 			n += c.watches
 		}
 	}

@@ -19,6 +19,9 @@ func TestPlacement(t *testing.T) {
 	pin := func(member string) candidate {
 		return candidate{watches: 1, healthy: true, member: member, pinned: true}
 	}
+	pinOn := func(on int, member string) candidate { // opened on Stream on's connection
+		return candidate{watches: 1, healthy: true, member: member, pinned: true, on: on}
+	}
 	for _, tc := range []struct {
 		name  string
 		cands []candidate
@@ -63,6 +66,16 @@ func TestPlacement(t *testing.T) {
 			// pinned on b (a:2 b:0 c:1), b:1; plain: b:1 c:1, s1 has fewer, b:2;
 			// pinned on c (a:2 b:2 c:1), c:2; plain: all 2, s1 and s2 have 1, s1
 			want: []int{1, 1, 2, 1}, after: []int{2, 2, 1, 1, 1}},
+		{name: "pinned watches on fresh Streams take turns, as plain ones do",
+			cands: []candidate{ok(0, ""), ok(0, ""), ok(0, "")}, pin: []bool{true, true, true},
+			want: []int{0, 1, 2}, after: []int{0, 0, 0, 1, 1, 1}},
+		{name: "a pinned Stream not yet answered weighs on the connection it opened on",
+			cands: []candidate{ok(0, ""), ok(0, ""), pinOn(0, "")}, n: 2,
+			// s0 carries 1, s1 0: s1; then a tie, s0 (fewer watches of its own)
+			want: []int{1, 0}, after: []int{1, 1, 1}},
+		{name: "an idle Stream, its member unknown, carries the pinned ones opened on its connection",
+			cands: []candidate{ok(0, ""), ok(0, "b"), pinOn(0, "a"), pinOn(0, "a")}, n: 2,
+			want: []int{1, 1}, after: []int{0, 2, 1, 1}},
 		{name: "a pinned watch is placed by health too",
 			cands: []candidate{down(0, "a"), ok(5, "b")}, pin: []bool{true},
 			want: []int{1}, after: []int{0, 5, 1}},
@@ -92,8 +105,8 @@ func TestPlacement(t *testing.T) {
 			if !pinned {
 				continue
 			}
-			if c := p.cands[k]; !c.pinned || c.member != tc.cands[got[w]].member {
-				t.Errorf("%s: pinned watch %d left %+v; want pinned on member %q", tc.name, w, c, tc.cands[got[w]].member)
+			if c := p.cands[k]; !c.pinned || c.member != tc.cands[got[w]].member || c.on != got[w] {
+				t.Errorf("%s: pinned watch %d left %+v; want pinned on Stream %d's connection, member %q", tc.name, w, c, got[w], tc.cands[got[w]].member)
 			}
 			k++
 		}

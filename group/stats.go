@@ -40,7 +40,7 @@ func (g *Group) Streams() []StreamInfo {
 		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
 		st := sl.stream.State()
 		switch {
-		case opening(st):
+		case sl.retiring || opening(st):
 		case first:
 			pinned.State, first = st, false
 		default:
@@ -78,9 +78,10 @@ func (g *Group) Stats() etcdwatch.Stats {
 }
 
 // State returns the group's Streams' State together, pinned ones
-// included once their servers have answered (see opening): connected
-// while every one is, since the latest of their
-// Since, and the latest error of any. Streams gives each Stream's.
+// included once their servers have answered (see opening) and until their
+// watches end (a pinned Stream closing is no failure): connected while
+// every one is, since the latest of their Since, and the latest error of
+// any. Streams gives each Stream's.
 func (g *Group) State() etcdwatch.State {
 	st := g.own[0].stream.State()
 	for _, sl := range g.own[1:] {
@@ -89,7 +90,7 @@ func (g *Group) State() etcdwatch.State {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for sl := range g.pinned {
-		if ps := sl.stream.State(); !opening(ps) {
+		if ps := sl.stream.State(); !sl.retiring && !opening(ps) {
 			st = combine(st, ps)
 		}
 	}
