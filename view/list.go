@@ -163,8 +163,10 @@ func (l *lister) revision(ctx context.Context) (int64, error) {
 }
 
 // listRetryable reports whether a failed listing may succeed if tried again:
-// anything but a refusal of the caller or of the request. A revision
-// compacted during a paged listing (OutOfRange) is retried at a newer one.
+// anything but a refusal of the caller or of the request, or a response
+// above the Stream's receive limit (grpc.MaxCallRecvMsgSize), which would
+// come as large every time. A revision compacted during a paged listing
+// (OutOfRange) is retried at a newer one.
 func listRetryable(err error) bool {
-	return !rpcerr.Final(err) && !rpcerr.Canceled(err)
+	return !rpcerr.Final(err) && !rpcerr.Canceled(err) && !rpcerr.TooLarge(err)
 }

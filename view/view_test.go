@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -265,6 +267,21 @@ func TestViewRetriesAListingThatMayWork(t *testing.T) {
 	r := recv(t, res, "view.New")
 	require.Equal(t, codes.PermissionDenied, status.Code(r.err), "%v", r.err)
 	require.Nil(t, r.v)
+}
+
+// TestViewDoesNotRetryAListingTooLarge: a listing whose response is above
+// the Stream's receive limit would be as large every time: New fails with
+// gRPC's ResourceExhausted, as the Stream's watches do, having read once.
+// Catches: the listing tried again until New's ctx ends, its reason lost.
+func TestViewDoesNotRetryAListingTooLarge(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(4096)), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	kv := h.server.KV()
+	kv.Put("v/big", strings.Repeat("x", 8192))
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), view.DecodeBytes)
+	r := recv(t, res, "view.New")
+	require.Equal(t, codes.ResourceExhausted, status.Code(r.err), "%v", r.err)
+	require.Nil(t, r.v)
+	require.Len(t, kv.Requests(), 1, "one listing")
 }
 
 // TestViewAppliesEventsAndReportsThem: events change the view a response at
