@@ -3,11 +3,14 @@ package view_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/grpc"
 
+	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 	"github.com/etcdwatch/etcdwatch/view"
 )
@@ -199,4 +202,87 @@ func TestSyncDoesNotTakeALateAnswer(t *testing.T) {
 	require.NoError(t, recv(t, done, "Sync"))
 	_, ok := vh.v.Get("v/a")
 	require.True(t, ok, "Sync took the late answer and returned before the write")
+}
+
+// gatedSource is a Stream whose listings of a range (not its reads of one
+// key, nor of the newest key) can be held once the server has answered,
+// for a test to act while a relist is under way.
+type gatedSource struct {
+	*etcdwatch.Stream
+	mu   sync.Mutex
+	gate chan struct{} // set: the next listing waits until it is closed
+	held chan struct{} // closed once that listing has its answer
+}
+
+// holdNext holds the next listing; it returns the channel that closes once
+// the listing has its answer and the one that releases it.
+func (g *gatedSource) holdNext() (held <-chan struct{}, release chan<- struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gate, g.held = make(chan struct{}), make(chan struct{})
+	return g.held, g.gate
+}
+
+func (g *gatedSource) Conn() grpc.ClientConnInterface { return gatedConn{g.Stream.Conn(), g} }
+
+type gatedConn struct {
+	grpc.ClientConnInterface
+	g *gatedSource
+}
+
+func (c gatedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if r, ok := args.(*pb.RangeRequest); ok && len(r.RangeEnd) > 0 && r.Limit != 1 && !r.CountOnly {
+		c.g.mu.Lock()
+		gate, held := c.g.gate, c.g.held
+		c.g.gate = nil
+		c.g.mu.Unlock()
+		if gate != nil {
+			close(held)
+			<-gate
+		}
+	}
+	return err
+}
+
+// TestSyncDuringARelist: a Sync made while the view lists again after a
+// compaction asks progress on the lane, which another isolated watch keeps
+// answering; the answer R, above the listing's revision (the store moved
+// on outside the range), goes as a bookmark to the watches the lane has
+// then, not to the view's next one. Sync asks again for the view's new
+// watch and returns with the view at R. Catches: Sync taking the first
+// answer as its own and waiting for a bookmark that never comes (the view
+// stays at the listing's revision: nothing of its range changes).
+func TestSyncDuringARelist(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	h.plainWatch("elsewhere")
+	src := &gatedSource{Stream: h.s}
+	res := make(chan viewResult[[]byte], 1)
+	go func() {
+		v, err := view.New(context.Background(), src, etcdwatch.Prefix("v/"), view.DecodeBytes, view.WithBookmarkInterval(0))
+		res <- viewResult[[]byte]{v, err}
+	}()
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, kv.Revision()))
+	h.settle()
+	v := started(t, res)
+
+	held, release := src.holdNext()
+	h.srv.Send(t, ws.Compacted(c.WatchId, kv.Revision()))
+	<-held // the relist has read the range at L
+	listed := kv.Revision()
+	kv.Put("w/elsewhere", "x")
+	synced := callAsync(func() error { return v.Sync(context.Background()) })
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, kv.Revision())) // to the lane's watches now: the plain one
+	close(release)
+	c = h.srv.RecvCreate(t)
+	require.Equal(t, listed, c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, kv.Revision()))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "Sync asks again for the view's new watch")
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	require.NoError(t, recv(t, synced, "Sync"))
+	require.Equal(t, kv.Revision(), v.Revision())
 }

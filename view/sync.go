@@ -71,7 +71,7 @@ func (c *core[T]) sync(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return c.await(ctx, atLeast[T](rev))
+		return c.reach(ctx, rev)
 	}
 	var rev int64
 	err := c.retrying(ctx, func(ctx context.Context) (err error) {
@@ -141,7 +141,28 @@ func (c *core[T]) waitFor(ctx context.Context, rev int64) error {
 			return err
 		}
 	}
-	return c.await(ctx, atLeast[T](rev))
+	return c.reach(ctx, rev)
+}
+
+// reach waits until the view is at rev or later, which the store has
+// reached. What moves the view there can be lost: a bookmark answered to
+// a watch a relist has just replaced; a read's move, which the runner
+// drops when its state, changed since the read matched, is no longer the
+// one the read saw (a key created and deleted again). So while the view is
+// short of rev for progressWait, it asks again (freshen), which answers
+// for the view's watch and state as they are now.
+func (c *core[T]) reach(ctx context.Context, rev int64) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, progressWait)
+		err := c.await(wctx, atLeast[T](rev))
+		cancel()
+		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
+			return err // reached, or ctx or the state ended
+		}
+		if _, err := c.freshen(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 // pause waits waitCadence, or less if the view reaches rev meanwhile

@@ -189,8 +189,9 @@ func (v *View[T]) Stats() Stats {
 // or ctx ends, or the view ends: a revision written anywhere in the store,
 // in the view's range or not. While the view is behind rev it asks how far
 // the store has gone, as Sync does, and moves there; while the store has
-// not reached rev it asks again every 100ms. Calls of all the views of a
-// Source share their requests.
+// not reached rev it asks again every 100ms, and once it has, again every
+// second while the view has not (as Sync does). Calls of all the views of
+// a Source share their requests.
 func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
@@ -216,7 +217,10 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 // A read that fails for a reason that may pass (Unavailable, as through a
 // member's outage) is made again after the Source's RetryDelay, until ctx
 // ends; the error is then ctx's cause, wrapping the last failure. A
-// refusal (PermissionDenied, say) is returned at once.
+// refusal (PermissionDenied, say) is returned at once. An answer lost on
+// its way to the view (a bookmark for a watch a relist has just replaced,
+// a read's state changed and changed back before the view could move) is
+// asked for again once a second has passed without the view reaching it.
 func (v *View[T]) Sync(ctx context.Context) error {
 	ctx, stop := v.bound(ctx)
 	defer stop()
