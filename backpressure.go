@@ -171,7 +171,10 @@ func (d *dispatcher) deliver(w *Watch, r Response) {
 	if !behind {
 		return
 	}
-	if d.stall.begin(d.clock, w, d.clock.Now(), !d.alone(w)) {
+	// One watch is waited for at a time: one reaching its limit while the
+	// stream waits for another (a bookmark to every watch brings several
+	// at once) is paused, not left behind unwatched.
+	if d.stall.w == nil && d.stall.begin(d.clock, w, d.clock.Now(), !d.alone(w)) {
 		d.s.stats.stalls.Add(1)
 		d.log.Debug("etcdwatch: consumer at its buffer limit; stream held up", "id", w.ID(), "revision", w.entry.rev)
 		return

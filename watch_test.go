@@ -235,6 +235,33 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 	t.Logf("pauses: %d", st.Pauses)
 }
 
+// TestOneBookmarkBringsTwoWatchesToTheirLimit: a progress answer bookmarks
+// every watch at once, so two whose consumers have stopped can reach their
+// limits in one go. The stream waits for one of them (a stall) and pauses
+// the other at once. Catches: the second stall replacing the first, whose
+// watch, behind and neither waited for nor paused, would then take events
+// without bound.
+func TestOneBookmarkBringsTwoWatchesToTheirLimit(t *testing.T) {
+	const limit = 2
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	a := h.watch(etcdwatch.Key("a"), 1)
+	b := h.watch(etcdwatch.Key("b"), 1)
+	h.srv.Send(t, ws.Events(a.ID(), 2, ws.Put("a", "2", 2)))
+	h.srv.Send(t, ws.Events(b.ID(), 3, ws.Put("b", "3", 3)))
+	h.handledAll()
+	require.Zero(t, h.s.Stats().Stalls, "one short of the limit each")
+
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 3)) // a bookmark each: both at their limit
+	require.NoError(t, recvProgress(t, got).err)
+	paused := h.srv.RecvCancel(t)
+	require.Contains(t, []int64{a.ID(), b.ID()}, paused)
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Stalls, "one watch waited for")
+	require.Equal(t, uint64(1), st.Pauses, "the other paused")
+}
+
 // TestPausedWatchResumesAtHalfItsLimit: a paused watch is re-created once
 // its consumer has taken half the limit, not before. Responses of 40 events
 // are too large to join, so the consumer takes them one by one.
