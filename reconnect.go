@@ -150,9 +150,12 @@ var probeKey = pack(Key("\x00etcdwatch-liveness-probe"))
 
 // sendProbe creates and cancels a throwaway watch. Unlike a progress request,
 // which etcd 3.6+ leaves unanswered while any watch catches up or starts in
-// the future, a create is always answered, refused or not.
+// the future, a create is always answered, refused or not. It watches from
+// now: from an old revision, etcd would replay history for it (its whole
+// store, never compacted) if its next pass of unsynced watches came before
+// the cancel.
 func (d *dispatcher) sendProbe() {
-	d.toCreate.Push(&Watch{lane: d.l, req: probeKey, entry: entry{flags: probe}})
+	d.toCreate.Push(&Watch{lane: d.l, req: probeKey, entry: entry{flags: probe | fromNow}})
 	d.flushCreates()
 }
 

@@ -130,6 +130,7 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	// probe watch is released.
 	probe := h.srv.RecvCreate(t)
 	require.NotEqual(t, "a", string(probe.Key))
+	require.Zero(t, probe.StartRevision, "a probe watches from now, with no history for etcd to replay")
 	h.srv.Send(t, ws.Created(probe.WatchId, 3))
 	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
 	awaitArmed(t, clk, idle) // idle from the answer
