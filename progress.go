@@ -83,14 +83,24 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		}
 		w.reply <- progressResult{rev: rev}
 	}
+	joined := len(p.next) > 0
 	p.waiting, p.next = append(stay, p.next...), nil
-	p.retry.reset() // the stream answers
-	if len(p.waiting) > 0 {
+	switch {
+	case len(stay) > 0:
+		// Too old for some (the member is behind the revision the Stream
+		// had seen): the timer asks again, the series of delays going on,
+		// rather than a request at once after each answer, at round-trip
+		// speed for as long as the member lags.
+		p.inFlight = false
+		p.Reset(d.clock, p.retry.next())
+	case joined: // calls that joined after the request answered: theirs now
+		p.retry.reset()
 		d.sendProgress()
-		return
+	default:
+		p.retry.reset()
+		p.inFlight = false
+		p.Stop()
 	}
-	p.inFlight = false
-	p.Stop()
 }
 
 // handleProgressTimeout asks again for everyone still waiting.

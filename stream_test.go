@@ -385,15 +385,28 @@ func TestEarlyRefusalOfPipelinedCreates(t *testing.T) {
 }
 
 // TestRequestProgressIgnoresOldAnswers: an answer below what the stream had
-// already seen when the call began is an answer to an older request.
+// already seen when the call began is an answer to an older request, or
+// from a member behind the others: the call waits on, and the request is
+// asked again after the retry delay, not at once, which a lagging member
+// would answer at round-trip speed for as long as it lags.
 func TestRequestProgressIgnoresOldAnswers(t *testing.T) {
-	h := newHarness(t, etcdwatch.WithProgressRetry(time.Hour, time.Hour))
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(10*time.Millisecond, 250*time.Millisecond))
 	w := h.watch(etcdwatch.Key("a"), 1)
 	h.srv.Send(t, ws.Events(w.ID(), 50, ws.Put("a", "v", 50)))
 	next(t, w)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-	h.srv.Send(t, ws.Progress(-1, 40)) // late answer to a request from before
+	h.srv.Send(t, ws.Progress(-1, 40)) // too old for the call
+	h.handledAll()
+	// The next request is a create made now, not the progress request
+	// asked again.
+	x := h.watchAsync(context.Background(), etcdwatch.Key("x"))
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 50))
+	require.NoError(t, recvResult(t, x).err)
+	awaitArmed(t, clk, 20*time.Millisecond) // the series goes on: 10ms, then 20
+	clk.Advance(20 * time.Millisecond)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "not asked again after a stale answer")
 	h.srv.Send(t, ws.Progress(-1, 60))
 	r := recvProgress(t, got)
