@@ -327,7 +327,9 @@ func TestHandlerSlowCallPausesOnlyItsWatch(t *testing.T) {
 }
 
 // TestHandleIsAllOrNothing: a refused create fails Handle, and every watch
-// it opened ends, Ended telling the Handler of each.
+// it opened ends, Ended telling the Handler of each: the refused one with
+// the refusal, the others with ErrCanceled (not another request's
+// refusal).
 func TestHandleIsAllOrNothing(t *testing.T) {
 	h := newHarness(t)
 	h.watch(etcdwatch.Key("first"), 1) // an echoed id: the stream is trusted to pipeline
@@ -347,9 +349,15 @@ func TestHandleIsAllOrNothing(t *testing.T) {
 	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
 	require.Nil(t, got.ws)
 	rec.await(t, func() bool { return len(rec.ends) == 3 }, "every watch of the call ended")
-	for _, err := range rec.ends {
-		require.Error(t, err)
+	rec.mu.Lock()
+	for w, err := range rec.ends {
+		if string(w.Request().Key) == "deny" {
+			require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+		} else {
+			require.ErrorIs(t, err, etcdwatch.ErrCanceled, "%s", w.Request().Key)
+		}
 	}
+	rec.mu.Unlock()
 	rec.check(t)
 }
 

@@ -138,7 +138,9 @@ func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) 
 // go to h rather than to a channel (Responses is nil): see Handler. h may
 // be called for a watch before Handle returns. If Handle fails, every
 // watch it opened ends, and h is told of each end (WithEnded) as of any
-// other; Handle does not wait for those calls. A nil h panics.
+// other, with the call's error; when the server refused one request, that
+// watch ends with the refusal and the others with ErrCanceled. Handle does
+// not wait for those calls. A nil h panics.
 func (s *Stream) Handle(ctx context.Context, h *Handler, rs ...Request) ([]*Watch, error) {
 	if h == nil {
 		panic(fmt.Sprintf("%v: Handle with a nil Handler", ErrInvalidArgument))
@@ -185,19 +187,25 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	if err == nil {
 		return ws, -1, nil
 	}
-	s.cancelAll(ws, err)
+	s.cancelAll(ws, failed, err)
 	if errors.Is(err, ErrClosed) || errors.Is(err, ErrStreamFailed) {
 		return nil, -1, err // told to every watch, whichever came first
 	}
 	return nil, slices.Index(ws, failed), err
 }
 
-// cancelAll ends every watch of ws with err, as Cancel would, in one command
-// to the dispatcher rather than one each.
-func (s *Stream) cancelAll(ws []*Watch, err error) {
+// cancelAll ends every watch of ws, as Cancel would, in one command to the
+// dispatcher rather than one each: with err, which concerns them all, or,
+// when it is the refusal of one of them (failed), that one with err and the
+// others with ErrCanceled.
+func (s *Stream) cancelAll(ws []*Watch, failed *Watch, err error) {
 	var ended []*Watch
 	for _, w := range ws {
-		if w.abort(err) {
+		why := err
+		if failed != nil && w != failed {
+			why = ErrCanceled
+		}
+		if w.abort(why) {
 			ended = append(ended, w)
 		}
 	}

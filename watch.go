@@ -61,8 +61,10 @@ func (w *Watch) Responses() <-chan Response { return w.out.ch }
 func (w *Watch) Done() <-chan struct{} { return w.out.doneChan() }
 
 // Err returns nil while the watch runs, then why it ended: ErrCanceled, the
-// context's cause, ErrClosed, a *CompactedError, a *ServerError, or an error
-// wrapping ErrStreamFailed. Once Responses is closed, Err is set. For a
+// context's cause, ErrClosed, a *CompactedError, a *ServerError, an error
+// wrapping ErrStreamFailed, or, for a watch of a WatchAll or Handle call
+// that WithCreateTimeout gave up on, one wrapping ErrCreateTimeout. Once
+// Responses is closed, Err is set. For a
 // watch opened with a Handler, Err is set, as Done closes, once the last
 // call for it has returned: after Cancel returns if a call was still
 // running, and not yet inside a call that canceled its own watch.
