@@ -44,13 +44,23 @@
 //     WithBufferBytes) instead of growing without limit: a consumer that
 //     stops reading holds up the stream for a moment, then its watch is
 //     paused on the server and resumed from its next revision once it has
-//     read half its backlog. Nothing is lost; events may arrive later.
+//     read half its backlog. Nothing is lost; events may arrive later;
+//     but if the store is compacted past that revision meanwhile, the
+//     watch ends with a compacted response, where clientv3 would still
+//     hold the events (etcdwatch.WithBufferLimit(math.MaxInt) and
+//     WithBufferBytes(math.MaxInt) in New's options buffer as clientv3
+//     does, without bound). A paused watch gets no RequestProgress
+//     notification.
 //   - Responses for a consumer that is behind may be joined, up to 64
 //     events, always whole revisions in order; clientv3 hands over one
 //     response per server message.
 //   - RequestProgress is repeated until the server answers (etcd 3.6 and
 //     later ignore a request while a watch on the stream catches up, and
 //     clientv3's is then lost), and at most one is outstanding per stream.
+//     On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, whose answers can run ahead
+//     of events (etcd #15220, etcdwatch.ErrProgressUnsupported), it sends
+//     nothing (the Stream logs a warning when it learns the release);
+//     clientv3 sends it.
 //   - A create refused by the server gets a final response with
 //     CancelReason set (clientv3 sets an unexported error instead), and Err
 //     returns the etcd error for it: errors.Is(err,

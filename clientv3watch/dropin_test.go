@@ -2,11 +2,13 @@ package clientv3watch_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -50,6 +52,34 @@ func TestDropIn(t *testing.T) {
 		require.NoError(t, cli.RequestProgress(ctx))
 		require.NoError(t, cli.Watcher.Close()) // returns, and goleak sees no requester left
 		closed(t, ch)
+	})
+
+	t.Run("RequestProgress on a release whose answers can run ahead: nothing sent, and the Stream says so", func(t *testing.T) {
+		asReleased := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoke(ctx, method, req, reply, cc, opts...)
+			if r, ok := reply.(*pb.StatusResponse); ok && err == nil {
+				r.Version = "3.5.7" // etcd #15220
+			}
+			return err
+		})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: wait, DialOptions: []grpc.DialOption{asReleased}})
+		require.NoError(t, err)
+		defer cli.Close()
+		warned := make(chan slog.Record, 1)
+		cli.Watcher = clientv3watch.New(cli, etcdwatch.WithLogger(slog.New(warnings(warned))))
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		ch := cli.Watch(ctx, "old/k")
+		_, err = cli.Put(ctx, "old/k", "1")
+		require.NoError(t, err)
+		events(t, ch, 1)
+		require.NoError(t, cli.RequestProgress(ctx), "returns at once, as clientv3's")
+		select {
+		case r := <-warned:
+			require.Contains(t, r.Message, "RequestProgress is off")
+		case <-ctx.Done():
+			t.Fatal("no warning")
+		}
 	})
 
 	t.Run("invalid options: every watch ends at once, saying why", func(t *testing.T) {
@@ -159,4 +189,19 @@ func TestDropIn(t *testing.T) {
 			require.Equal(t, evs[i-1].Kv.ModRevision+1, evs[i].Kv.ModRevision)
 		}
 	})
+}
+
+// warnings is a slog.Handler that sends the first warning it gets to ch.
+type warnings chan<- slog.Record
+
+func (w warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnings) WithAttrs([]slog.Attr) slog.Handler           { return w }
+func (w warnings) WithGroup(string) slog.Handler                { return w }
+
+func (w warnings) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case w <- r:
+	default:
+	}
+	return nil
 }
