@@ -53,7 +53,7 @@ func NewView(name string, r etcdwatch.Request, v ViewSource) *ViewCollector {
 		subscribers:  desc("subscribers", "Open subscriptions to the view's changes."),
 		historyBytes: desc("history_bytes", "Bytes of changes kept for subscribers."),
 		restoreRefusals: desc("restore_refusals_total",
-			"Saved states refused at a warm start (corrupt, another format, range or cluster, ahead of the cluster): the view listed instead."),
+			"Saved states not used at a warm start (corrupt, another format, range or cluster, ahead of the cluster, or let go when the server failed the start from it): the view listed instead."),
 		saveFailures: desc("save_failures_total", "Saves of the view's state (WithStateFile) that failed."),
 	}
 }

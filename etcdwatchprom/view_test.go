@@ -60,7 +60,7 @@ etcdwatch_view_relists_total{range="keys [\"a/\", \"a0\")",view="v"} 2
 # HELP etcdwatch_view_resyncs_total Whole states given to subscribers that fell behind the history.
 # TYPE etcdwatch_view_resyncs_total counter
 etcdwatch_view_resyncs_total{range="keys [\"a/\", \"a0\")",view="v"} 4
-# HELP etcdwatch_view_restore_refusals_total Saved states refused at a warm start (corrupt, another format, range or cluster, ahead of the cluster): the view listed instead.
+# HELP etcdwatch_view_restore_refusals_total Saved states not used at a warm start (corrupt, another format, range or cluster, ahead of the cluster, or let go when the server failed the start from it): the view listed instead.
 # TYPE etcdwatch_view_restore_refusals_total counter
 etcdwatch_view_restore_refusals_total{range="keys [\"a/\", \"a0\")",view="v"} 8
 # HELP etcdwatch_view_save_failures_total Saves of the view's state (WithStateFile) that failed.

@@ -67,7 +67,10 @@ var (
 // given (WithRestore, WithStateFile), from View.Restored; the view listed
 // its range instead. Err wraps the cause: one of ErrSavedCorrupt,
 // ErrSavedVersion, ErrSavedRange, ErrSavedCluster and ErrSavedAhead for
-// errors.Is, or the error reading the state.
+// errors.Is; the error reading the state; or the server's, when a call the
+// start from it needs failed for a reason that may pass (whether its
+// history since is compacted, its watch, the listing against it): the
+// retry lists, and the saved state is not tried again.
 type RestoreError struct {
 	Path string // WithStateFile's file; "" for WithRestore
 	Err  error

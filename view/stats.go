@@ -15,6 +15,6 @@ type Stats struct {
 	IntegrityMismatches uint64 // comparisons that found the view wrong, each repaired by a relist
 	Subscribers         int    // this View's open subscriptions
 	HistoryBytes        int64  // bytes of changes kept for subscribers
-	RestoreRefusals     uint64 // saved states refused at the start (WithRestore, WithStateFile): the view listed instead; Restored says why
+	RestoreRefusals     uint64 // saved states refused or let go at the start (WithRestore, WithStateFile): the view listed instead; Restored says why
 	SaveFailures        uint64 // saves to WithStateFile's file that failed, each logged at Warn
 }

@@ -50,10 +50,13 @@ func WithSave() Option { return func(o *options) { o.warm.keep = true } }
 // A saved state is refused, and the view lists its range as without the
 // option, when it is truncated or corrupted, of another format version,
 // another range, or another cluster, or ahead of the cluster's revision (a
-// cluster restored from a backup). The refusal is logged at Warn on the
-// Source's logger, counted in Stats.RestoreRefusals, and returned by
-// Restored; New does not fail for it. Values are decoded again as they are
-// loaded. r is read to its end and not closed.
+// cluster restored from a backup). It is also let go when a call to the
+// server that starting from it needs fails for a reason that may pass; the
+// view lists as it retries. Either is logged at Warn on the Source's
+// logger, counted in Stats.RestoreRefusals, and returned by Restored (a
+// *RestoreError); New does not fail for it. Values are decoded again as
+// they are loaded. r is read to its end and not closed; ctx does not
+// interrupt a Read that blocks.
 func WithRestore(r io.Reader) Option {
 	return func(o *options) { o.warm.from, o.warm.fromSet = r, true }
 }
@@ -163,7 +166,7 @@ func (r *runner[T]) restore() (bool, error) {
 	if h.revision < current {
 		compacted, err := r.list.compacted(r.ctx, h.revision+1)
 		if err != nil {
-			r.log.Info("etcdwatch: view could not tell whether its saved state is compacted; listing instead", "saved", h.revision, "err", err)
+			r.refuse(fmt.Errorf("reading whether its history since is compacted: %w", err))
 			return false, nil
 		}
 		if compacted {
@@ -176,7 +179,7 @@ func (r *runner[T]) restore() (bool, error) {
 	watch, err := r.src.Watch(r.ctx, r.req.FromRevision(min(h.revision+1, current)))
 	if err != nil {
 		if relistRetryable(err) {
-			r.log.Info("etcdwatch: view could not watch from its saved state; listing instead", "revision", h.revision, "err", err)
+			r.refuse(fmt.Errorf("watching from its revision: %w", err))
 			return false, nil
 		}
 		return true, err
@@ -260,12 +263,13 @@ func (r *runner[T]) load(sr *stateReader, h stateHeader) (*loaded[T], error) {
 	return ld, nil
 }
 
-// refuse records, logs and counts why the saved state was not used.
+// refuse records, logs and counts why the saved state was not used: it
+// was refused, or the server failed the view as it started from it.
 func (r *runner[T]) refuse(err error) {
 	re := &RestoreError{Path: r.opts.warm.path, Err: err}
 	r.warm.refused = re
 	r.warm.refusals.Add(1)
-	r.log.Warn("etcdwatch: view refused its saved state; listing instead", "err", re)
+	r.log.Warn("etcdwatch: view did not use its saved state; listing instead", "err", re)
 }
 
 // catchUp applies the watch's responses to the restored state until it has

@@ -402,6 +402,30 @@ func TestRestoreFailsWhenItsWatchEnds(t *testing.T) {
 	require.Nil(t, got.v)
 }
 
+// TestRestoreLetGoIsReported: a valid saved state whose history is
+// compacted is listed against; when that listing fails for a reason that
+// may pass, the retry lists as without it. Restored then says why it was
+// not used (a *RestoreError with the server's error), and Stats counts it.
+// Catches: Restored saying there was none to restore.
+func TestRestoreLetGoIsReported(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+	kv.Put("v/new", "1")
+	// The header's read goes through, the history since is compacted, and
+	// the listing against the saved state fails once.
+	kv.FailNext(nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"), status.Error(codes.Unavailable, "leader changed"))
+	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	rev, err := vh.v.Restored()
+	require.Zero(t, rev)
+	var re *view.RestoreError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, codes.Unavailable, status.Code(re.Err), "%v", err)
+	require.Equal(t, uint64(1), vh.v.Stats().RestoreRefusals)
+	require.Equal(t, 4, vh.v.Len())
+}
+
 // decoded returns a Decoder of plain values that records the keys it was
 // given.
 func decoded(keys *[]string) view.Decoder[[]byte] {
@@ -526,7 +550,7 @@ func TestRestoreRefusalIsLogged(t *testing.T) {
 	h, l := loggedHarness(t, ws.Start(t))
 	putKeys(h.server.KV(), 1)
 	vh := openView(h, view.DecodeBytes, view.WithRestore(strings.NewReader("not a state")))
-	r := l.wait(t, "etcdwatch: view refused its saved state; listing instead", func(map[string]slog.Value) bool { return true })
+	r := l.wait(t, "etcdwatch: view did not use its saved state; listing instead", func(map[string]slog.Value) bool { return true })
 	require.Equal(t, slog.LevelWarn, r.Level)
 	err, _ := attrsOf(r)["err"].Any().(error)
 	require.ErrorIs(t, err, view.ErrSavedCorrupt)

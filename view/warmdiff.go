@@ -3,6 +3,7 @@ package view
 import (
 	"bytes"
 	"context"
+	"fmt"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -41,13 +42,14 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 	defer walk.stop()
 	rev, err := r.list.list(r.ctx, listing{}, walk.take)
 	if err != nil { // the saved state is let go: the next attempt lists
-		r.log.Info("etcdwatch: view could not list against its saved state; listing again", "saved", h.revision, "err", err)
+		r.refuse(fmt.Errorf("listing against it: %w", err))
 		return true, &readError{"listing the range", err}
 	}
 	walk.finish()
 	r.warm.listed(r.list)
 	w, err := r.src.Watch(r.ctx, r.req.FromRevision(rev)) // from rev, as listAndWatch
 	if err != nil {
+		r.refuse(fmt.Errorf("watching from the listing against it: %w", err))
 		return true, err
 	}
 	r.install(d.ed, d.raw, rev, d.bytes, w)
