@@ -286,3 +286,34 @@ func TestSyncDuringARelist(t *testing.T) {
 	require.NoError(t, recv(t, synced, "Sync"))
 	require.Equal(t, kv.Revision(), v.Revision())
 }
+
+// TestRelistedStartsWhereTheSubscriberDoes: a Sync soon after a progress
+// batch moves the view without a batch of its own (progressGap); a
+// subscriber from the revision it moved to gets, at a relist, a Relisted
+// batch from that revision, as Subscribe promises, not from the last
+// batch's. (On a machine slow enough that the second Sync comes after
+// progressGap, both moves have batches and the test shows nothing.)
+func TestRelistedStartsWhereTheSubscriberDoes(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	synced := func() {
+		done := callAsync(func() error { return vh.v.Sync(context.Background()) })
+		require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+		vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
+		require.NoError(t, recv(t, done, "Sync"))
+	}
+	kv.Put("w/a", "1")
+	synced() // a progress batch
+	kv.Put("w/b", "1")
+	synced() // within progressGap: published without a batch
+	rev := vh.v.Revision()
+	sub := vh.v.Subscribe(context.Background(), rev)
+	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))
+	vh.confirm()
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, rev, b.From, "batches that start at the revision subscribed at")
+	require.Empty(t, b.Changes)
+}

@@ -168,9 +168,18 @@ func resyncOf[T any](snap *Snapshot[T]) Batch[T] {
 }
 
 // trim leaves out of an Events batch the revisions before from. A Relisted
-// batch is one step, kept whole.
+// batch is one step, kept whole; one that starts before from-1 starts there
+// instead: no change was published between its From and from-1 (the view
+// moved without changes, progress within progressGap of the last progress
+// batch), so the state it starts from is the one at from-1.
 func trim[T any](b Batch[T], from int64) Batch[T] {
-	if b.Kind != Events || b.From >= from-1 {
+	switch {
+	case b.From >= from-1:
+		return b
+	case b.Kind == Relisted:
+		b.From = from - 1
+		return b
+	case b.Kind != Events:
 		return b
 	}
 	i := sort.Search(len(b.Changes), func(i int) bool { return b.Changes[i].Revision >= from })
