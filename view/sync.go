@@ -180,7 +180,10 @@ func (c *core[T]) pause(ctx context.Context, rev int64) error {
 
 // freshen returns a revision at least that of a linearizable read made
 // now, which the view will reach having applied every change of its range
-// up to it: by progress on the view's watch, or by a read.
+// up to it: by progress on the view's watch, or by a read. Progress that
+// fails in any way (no answer within progressWait; ErrNoWatches, while a
+// relist has no watch yet; the release refusing it, from then on) leaves
+// it to the read, whose own errors are the call's.
 func (c *core[T]) freshen(ctx context.Context) (int64, error) {
 	if !c.noAsk.Load() {
 		pctx, cancel := context.WithTimeout(ctx, progressWait)
@@ -193,8 +196,6 @@ func (c *core[T]) freshen(ctx context.Context) (int64, error) {
 			return 0, context.Cause(ctx)
 		case errors.Is(err, etcdwatch.ErrProgressUnsupported):
 			c.noAsk.Store(true)
-		case pctx.Err() == nil:
-			return 0, err
 		}
 	}
 	return c.freshenByRead(ctx)
