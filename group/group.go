@@ -402,20 +402,30 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 
 // openPinned opens a Stream on the connection of the group's Stream on,
 // and r on it alone. A goroutine closes the Stream once the watch ends.
+// The group's wg counts the Stream from before it opens, so that a Close
+// meanwhile waits until it is closed again.
 func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*etcdwatch.Watch, error) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil, etcdwatch.ErrClosed
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
 	sl, err := open("pinned", g.own[on].conn, g.opts.stream)
 	if err != nil {
+		g.wg.Done()
 		return nil, err // the options opened the group's own Streams: not expected
 	}
 	sl.on = on
 	g.mu.Lock()
-	if g.closed {
+	if g.closed { // Close began while it opened, and waits for this
 		g.mu.Unlock()
 		_ = sl.stream.Close()
+		g.wg.Done()
 		return nil, etcdwatch.ErrClosed
 	}
 	g.pinned[sl] = struct{}{}
-	g.wg.Add(1)
 	g.mu.Unlock()
 	r.Isolated = false
 	w, err := sl.stream.Watch(ctx, r)
