@@ -135,9 +135,11 @@ func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (stri
 	case errors.Is(rpctypes.Error(err), rpctypes.ErrAuthNotEnabled):
 		return "", nil
 	}
-	// FailedPrecondition is also how etcd refuses users and roles (a user
-	// not found, a role not granted); auth being off is handled above.
-	if rpcerr.Final(err) || status.Code(err) == codes.FailedPrecondition {
+	// Only a wrong user or password is a refusal (etcd's ErrAuthFailed,
+	// InvalidArgument). FailedPrecondition is what a learner, or a member
+	// that does not know the cluster's version yet, answers on etcd 3.6+
+	// (Unavailable before): another member, or a moment later, may take it.
+	if rpcerr.Final(err) {
 		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
 	}
 	return "", err
@@ -172,25 +174,29 @@ func (a *tokenAuth) unary(ctx context.Context, method string, req, reply any, cc
 	}
 }
 
-// stream attaches the token to a stream; on a Watch stream it watches for
-// creates refused for that token.
+// stream attaches the token to a stream, and watches it for refusals of
+// that token: the stream's error (RangeStream's, say), or on a Watch
+// stream a create refused for it.
 func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	tok, err := a.get(ctx, cc)
 	if err != nil {
 		return nil, err
 	}
 	cs, err := streamer(withToken(ctx, tok), desc, cc, method, opts...)
-	if err != nil || method != pb.Watch_Watch_FullMethodName {
+	if err != nil {
+		if refusedToken(status.Convert(err).Message()) {
+			a.invalidate(tok)
+		}
 		return cs, err
 	}
-	return &tokenWatchStream{ClientStream: cs, auth: a, token: tok}, nil
+	return &tokenStream{ClientStream: cs, auth: a, token: tok}, nil
 }
 
-// tokenWatchStream is a Watch stream that drops its token from the
-// connection when the server refuses a create for it. It does so in
-// RecvMsg, before the Stream's dispatcher sees the refusal: the new stream
-// the Stream then opens authenticates afresh.
-type tokenWatchStream struct {
+// tokenStream is a stream that drops its token from the connection when
+// the server refuses it. It does so in RecvMsg, before the caller sees the
+// refusal: the caller's next RPC (a Stream's new Watch stream, a view's
+// next listing) authenticates afresh.
+type tokenStream struct {
 	grpc.ClientStream
 	auth  *tokenAuth
 	token string
@@ -203,7 +209,7 @@ type canceledResponse interface {
 	GetCancelReason() string
 }
 
-func (s *tokenWatchStream) RecvMsg(m any) error {
+func (s *tokenStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	var reason string
 	if r, ok := m.(canceledResponse); ok && r.GetCanceled() {

@@ -32,6 +32,7 @@ type authServer struct {
 	addr     string
 	password string
 	disabled bool // auth not enabled
+	learner  int  // Authenticate calls still to be answered as an etcd 3.6+ learner does; guarded by mu
 
 	mu      sync.Mutex
 	issued  int
@@ -60,6 +61,9 @@ func (a *authServer) Authenticate(_ context.Context, r *pb.AuthenticateRequest) 
 	switch {
 	case a.disabled:
 		return nil, rpctypes.ErrGRPCAuthNotEnabled
+	case a.learner > 0:
+		a.learner--
+		return nil, rpctypes.ErrGRPCNotSupportedForLearner // FailedPrecondition
 	case r.Name != "alice" || r.Password != a.password:
 		return nil, rpctypes.ErrGRPCAuthFailed
 	}
@@ -87,6 +91,15 @@ func token(ctx context.Context) string {
 		return v[0]
 	}
 	return ""
+}
+
+// RangeStream answers as etcd 3.7 does: one message, or, under a token it
+// does not take, the refusal on the first Recv.
+func (a *authServer) RangeStream(_ *pb.RangeRequest, rs pb.KV_RangeStreamServer) error {
+	if !a.allowed(token(rs.Context())) {
+		return rpctypes.ErrGRPCInvalidAuthToken
+	}
+	return rs.Send(&pb.RangeStreamResponse{RangeResponse: &pb.RangeResponse{Header: &pb.ResponseHeader{Revision: 1}}})
 }
 
 // allowed reports whether tok may be used.
@@ -252,4 +265,43 @@ func TestAuthTokenDroppedForGeneratedClient(t *testing.T) {
 	streams, _ := a.seen()
 	require.Equal(t, []string{"tok1", "tok2"}, streams)
 	require.Equal(t, 2, a.authenticated())
+}
+
+// TestAuthTokenDroppedFromAStream: a server-streaming RPC (RangeStream, as
+// views list on etcd 3.7) refused for its token drops it, as a unary RPC
+// or a Watch create does: the next RPC authenticates afresh. Catches: a
+// token that expired refusing every later RangeStream.
+func TestAuthTokenDroppedFromAStream(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	kv := pb.NewKVClient(dialAuth(t, a, "pw"))
+	list := func() error {
+		rs, err := kv.RangeStream(t.Context(), &pb.RangeRequest{Key: []byte("v/")})
+		if err != nil {
+			return err
+		}
+		_, err = rs.Recv()
+		return err
+	}
+	require.NoError(t, list())
+	a.expire() // its TTL passed
+	require.Equal(t, codes.Unauthenticated, status.Code(list()), "the stream's own refusal")
+	require.NoError(t, list(), "the next stream carries a new token")
+	require.Equal(t, 2, a.authenticated())
+}
+
+// TestAuthLearnerIsNoRefusal: an Authenticate answered by a learner (or a
+// member that does not know the cluster's version yet), FailedPrecondition
+// on etcd 3.6+, is not a wrong password: the next RPC authenticates again.
+// Catches: the connection failing with ErrAuthFailed for good.
+func TestAuthLearnerIsNoRefusal(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	a.mu.Lock()
+	a.learner = 1
+	a.mu.Unlock()
+	kv := pb.NewKVClient(dialAuth(t, a, "pw"))
+	_, err := kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, dial.ErrAuthFailed)
+	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err, "authenticated again (after authSpacing)")
 }

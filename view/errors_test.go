@@ -44,6 +44,27 @@ func TestSyncRefusedMatchesTheWatchSentinel(t *testing.T) {
 	require.Equal(t, codes.PermissionDenied, status.Code(err), "%v", err)
 }
 
+// TestListingRefusedForItsTokenIsTriedOnce: a listing, or a Sync's read,
+// refused for its token (expired: package dial then drops it) is made once
+// more at once, as a Stream re-creates a watch refused for its token; a
+// second refusal is final. Catches: a view ended by its token's TTL.
+func TestListingRefusedForItsTokenIsTriedOnce(t *testing.T) {
+	expired := status.Error(codes.Unauthenticated, "etcdserver: invalid auth token")
+	h := newHarness(t)
+	putKeys(h.server.KV(), 2)
+	h.server.KV().FailNext(expired)
+	vh := openView(h, view.DecodeBytes)
+	require.Equal(t, 2, vh.v.Len())
+	vh.kv.Put("w/elsewhere", "x") // for the Sync to wait for
+	vh.kv.FailNext(expired)
+	synced := callAsync(func() error { return vh.v.Sync(context.Background()) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+	vh.srv.Send(t, ws.Progress(-1, vh.kv.Revision()))
+	require.NoError(t, recv(t, synced, "Sync"))
+	vh.kv.FailNext(expired, expired)
+	require.ErrorIs(t, vh.v.Sync(context.Background()), etcdwatch.ErrUnauthenticated)
+}
+
 // TestNewRefusedMatchesTheWatchSentinel: a view whose listing the server
 // refuses ends New with an error that matches what a Watch refused for
 // the same cause matches (errors.Is with the root's sentinels, errors.As
@@ -58,7 +79,7 @@ func TestNewRefusedMatchesTheWatchSentinel(t *testing.T) {
 		{status.Error(codes.InvalidArgument, "etcdserver: user name is empty"), etcdwatch.ErrUnauthenticated},
 	} {
 		h := newHarness(t)
-		h.server.KV().FailNext(tc.err)
+		h.server.KV().FailNext(tc.err, tc.err) // a refused token is tried once more (package dial drops it): refused twice
 		_, err := view.New(context.Background(), h.s, etcdwatch.Prefix("v/"), view.DecodeBytes)
 		require.ErrorIs(t, err, tc.want, "%v", err)
 		var se *etcdwatch.ServerError

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -66,6 +67,7 @@ func (r *runner[T]) run() error {
 // again after the Source's RetryDelay while the listing fails for a reason
 // that may pass.
 func (r *runner[T]) relist() error {
+	authRetried := false
 	for failures := 1; ; failures++ {
 		err := r.listAndWatch()
 		if err == nil {
@@ -73,6 +75,9 @@ func (r *runner[T]) relist() error {
 		}
 		if cause := context.Cause(r.ctx); cause != nil {
 			return cause
+		}
+		if retryAuth(err, &authRetried) {
+			continue
 		}
 		if !relistRetryable(err) {
 			return err
@@ -83,6 +88,18 @@ func (r *runner[T]) relist() error {
 			return err
 		}
 	}
+}
+
+// retryAuth reports whether to try a refused call once more at once: the
+// server refused its token (expired, say), which package dial then drops,
+// so that the next call authenticates afresh, as a Stream's watches do.
+// Once per series of tries; a second refusal is final.
+func retryAuth(err error, retried *bool) bool {
+	if *retried || status.Code(err) != codes.Unauthenticated {
+		return false
+	}
+	*retried = true
+	return true
 }
 
 // relistRetryable reports whether listAndWatch may succeed if tried again:

@@ -92,6 +92,7 @@ func (c *core[T]) sync(ctx context.Context) error {
 // cause and the last failure (gaveUp), or when the state ends.
 func (c *core[T]) retrying(ctx context.Context, read func(context.Context) error) error {
 	var last error
+	authRetried := false
 	for failures := 1; ; failures++ {
 		err := read(ctx)
 		switch {
@@ -99,6 +100,8 @@ func (c *core[T]) retrying(ctx context.Context, read func(context.Context) error
 			return nil
 		case ctx.Err() != nil: // cut short
 			return gaveUp(ctx, last)
+		case retryAuth(err, &authRetried):
+			continue
 		case !listRetryable(err):
 			return err
 		}
