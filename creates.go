@@ -23,8 +23,13 @@ func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 }
 
 // flushCreates sends queued creates, as many as the pipelining policy
-// lets be in flight (see pipeline.go).
+// lets be in flight (see pipeline.go). Between streams it sends none:
+// connect flushes them under the next stream's policy (after a proxy's
+// stream, one at a time), not the last one's.
 func (d *dispatcher) flushCreates() {
+	if d.sess == nil {
+		return
+	}
 	if d.toCreate.Len() > 0 {
 		d.stallShared() // their answers wait behind a stall
 	}
@@ -103,6 +108,7 @@ func (d *dispatcher) dropUnsent() {
 		}
 		return false
 	})
+	d.flushCreates() // what waited behind them, one at a time, goes now
 }
 
 // handleCreated matches a created response to the oldest create in flight:

@@ -463,3 +463,31 @@ func TestProgressRunsAhead(t *testing.T) {
 		t.Error(`"main" parsed as a release`)
 	}
 }
+
+// TestDropUnsentLetsTheNextCreateGo: where creates go one at a time (a
+// proxy), a create taken out of the outbox unsent, its Watch call having
+// given up while the stream opened, lets the next queued create go.
+// Catches: that create waiting with nothing in flight until something else
+// flushes creates (a probe, an answer, another Watch).
+func TestDropUnsentLetsTheNextCreateGo(t *testing.T) {
+	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
+	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+	d.sess = startSession(d.open, nil) // opening until shutdown
+	d.pipeline.mode, d.pipeline.start = ownIDs, startProxied
+	a, b := newWatch(d.l, Key("a"), 0, nil), newWatch(d.l, Key("b"), 0, nil)
+	for _, w := range []*Watch{a, b} {
+		w.entry.created = make(chan created, 1)
+		d.handleCreate([]*Watch{w}, context.Background())
+	}
+	if d.pending.Len() != 1 || d.toCreate.Len() != 1 || len(d.outbox) != 1 {
+		t.Fatalf("one at a time: %d in flight, %d queued, %d in the outbox", d.pending.Len(), d.toCreate.Len(), len(d.outbox))
+	}
+	a.abort(ErrCanceled)
+	d.handleCancel(a)
+	d.dropUnsent()
+	if next, _ := d.pending.Peek(); d.pending.Len() != 1 || d.toCreate.Len() != 0 || len(d.outbox) != 1 || next != b {
+		t.Errorf("after a's create was dropped: %d in flight, %d queued, %d in the outbox; want b's in flight", d.pending.Len(), d.toCreate.Len(), len(d.outbox))
+	}
+	close(s.closing)
+	d.shutdown()
+}

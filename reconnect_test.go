@@ -497,3 +497,48 @@ func TestReceiveLimitIsKept(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	require.Zero(t, h.s.Stats().Reconnects, "the same revision was asked for again")
 }
+
+// TestCreatesQueuedBetweenStreamsAfterAProxy: after a stream given up as
+// unmatched (a proxy picking its own ids), the next stream takes one create
+// at a time, those queued while waiting to reconnect included: the proxy
+// answers a create whose range it already watches first, so only one in
+// flight can be matched. Catches: creates queued between streams sent back
+// to back under the last stream's policy, and the events of "b" reaching
+// watch "z" matched by order.
+func TestCreatesQueuedBetweenStreamsAfterAProxy(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithReconnectBackoff(time.Hour, time.Hour))
+	z := h.watch(etcdwatch.Key("z"), 1)
+	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	h.srv = h.server.Accept(t)
+	h.srv.RecvCreate(t)
+	h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(0, 1))
+	require.True(t, h.srv.Ended(t))
+	awaitArmed(t, clk, time.Hour)
+	h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	h.await(func() bool { return h.s.Stats().Watches == 3 }) // b's create handled
+	clk.Advance(time.Hour)
+	h.srv = h.server.Accept(t)
+	// One create in flight: its answer, under the proxy's own id, is the
+	// next create's cue.
+	ids := map[string]int64{}
+	for id := int64(100); id < 103; id++ {
+		c := h.srv.RecvCreate(t)
+		got := h.progressAsync() // a marker: the next request is this, if no other create went out meanwhile
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "a second create went out before %q was answered", c.Key)
+		h.srv.Send(t, ws.Progress(-1, 5))
+		require.NoError(t, recvProgress(t, got).err)
+		ids[string(c.Key)] = id
+		h.srv.Send(t, ws.Created(id, 5))
+	}
+	require.Len(t, ids, 3)
+	h.srv.Send(t, ws.Events(ids["b"], 6, ws.Put("b", "v", 6)))
+	h.srv.Send(t, ws.Events(ids["z"], 7, ws.Put("z", "v", 7)))
+	r := next(t, z)
+	for r.IsProgress() { // the markers' bookmarks
+		r = next(t, z)
+	}
+	require.Equal(t, "z", string(r.Events[0].Key), "watch on z got an event for another key")
+}
