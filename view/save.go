@@ -154,16 +154,18 @@ func (c *core[T]) saveFile() {
 }
 
 // writeFile replaces the file at path with what write writes, atomically:
-// into path+".tmp" (truncated first), synced to the disk, then renamed over
-// path, and the directory synced so that the rename lasts. A crash at any
-// point leaves either the old file or the new one whole at path, and at
-// most one stale temporary file, which the next save truncates.
+// into a temporary file of its own beside it (path's name, a random part,
+// ".tmp"), synced to the disk, then renamed over path, and the directory
+// synced so that the rename lasts. A crash at any point leaves either the
+// old file or the new one whole at path, and perhaps that temporary file.
+// Two savers of one path (two processes, as in a rollout) each write their
+// own: the last rename wins, whole.
 func writeFile(path string, write func(io.Writer) error) (err error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
 	}
+	tmp := f.Name()
 	defer func() {
 		if err != nil {
 			f.Close()

@@ -3,7 +3,6 @@ package view
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -67,8 +66,10 @@ func TestCrashWhileSaving(t *testing.T) {
 	require.Equal(t, old, got, "the file as it was")
 	_, _, err = decodeState(bytes.NewReader(got))
 	require.NoError(t, err)
-	half, err := os.ReadFile(path + ".tmp")
-	require.NoError(t, err, "the child was killed in the temporary file")
+	tmps := temporaries(t, path)
+	require.Len(t, tmps, 1, "the child was killed in its temporary file")
+	half, err := os.ReadFile(tmps[0])
+	require.NoError(t, err)
 	require.Equal(t, newerState(t)[:len(half)], half)
 
 	newer := newerState(t)
@@ -79,8 +80,48 @@ func TestCrashWhileSaving(t *testing.T) {
 	got, err = os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, newer, got)
-	_, err = os.Stat(path + ".tmp")
-	require.ErrorIs(t, err, os.ErrNotExist)
+	require.Len(t, temporaries(t, path), 1, "the crashed save's, left; none of this one's")
+}
+
+// temporaries returns the temporary files of saves to path.
+func temporaries(t *testing.T, path string) []string {
+	t.Helper()
+	tmps, err := filepath.Glob(path + ".*.tmp")
+	require.NoError(t, err)
+	return tmps
+}
+
+// TestTwoSaversOfOnePath: two saves to one path at once, one stalled
+// halfway while the other completes, leave the last one's file, whole.
+// Catches: a temporary file shared by both, into which the stalled one
+// writes its second half after the other renamed it over path.
+func TestTwoSaversOfOnePath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	h, es := sampleState()
+	first, second := newerState(t), encodeState(t, h, es)
+	halfway, resume, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- writeFile(path, func(w io.Writer) error {
+			if _, err := w.Write(first[:len(first)/2]); err != nil {
+				return err
+			}
+			close(halfway)
+			<-resume
+			_, err := w.Write(first[len(first)/2:])
+			return err
+		})
+	}()
+	<-halfway
+	require.NoError(t, writeFile(path, func(w io.Writer) error {
+		_, err := w.Write(second)
+		return err
+	}))
+	close(resume)
+	require.NoError(t, <-done)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, first, got, "the last rename's state, whole")
+	require.Empty(t, temporaries(t, path))
 }
 
 // crashingSave is the child of TestCrashWhileSaving: it writes half of a
@@ -119,8 +160,7 @@ func TestFailedSave(t *testing.T) {
 	got, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, old, got)
-	_, err = os.Stat(path + ".tmp")
-	require.True(t, errors.Is(err, os.ErrNotExist), "%v", err)
+	require.Empty(t, temporaries(t, path), "removed")
 }
 
 // wait bounds the waits of the package's own tests.

@@ -65,9 +65,10 @@ func WithRestore(r io.Reader) Option {
 // restores the state from the file at path if there is one (none is no
 // refusal: the view lists its range), and the view saves its state there
 // every interval (0: only at the end) and when it ends (its last Close, or
-// its Source's end), each time it changed since the last save. A save
-// writes path+".tmp", syncs it and renames it over path, so that a crash
-// leaves the old state or the new one, whole; a failed save is logged at
+// its Source's end), each time it moved since the last save. A save writes
+// a temporary file of its own beside path (path.*.tmp), syncs it and renames
+// it over path, so that a crash leaves the old state or the new one, whole
+// (and perhaps that temporary file); a failed save is logged at
 // Warn and counted in Stats.SaveFailures. Each save writes the whole state:
 // choose the interval by its size. One file per view state: two views
 // saving to one file would overwrite each other.
