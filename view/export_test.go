@@ -35,3 +35,10 @@ func SavedRevision(b []byte) (int64, error) {
 	_, h, err := readHeader(bytes.NewReader(b))
 	return h.revision, err
 }
+
+// SavedCluster returns the ID of the cluster the saved state in b says it
+// came from.
+func SavedCluster(b []byte) (uint64, error) {
+	_, h, err := readHeader(bytes.NewReader(b))
+	return h.cluster, err
+}

@@ -19,14 +19,15 @@ import (
 // there only by publishing (publish), counting, and closing ready.
 type runner[T any] struct {
 	*core[T]
-	list   *lister          // the range's listings
-	ed     *tableEditor[T]  // the state being applied to, published as a Snapshot
-	rev    int64            // the revision ed holds
-	from   int64            // Revision of the last batch kept, or of the first listing: the next batch's From
-	bytes  int64            // of ed's keys and values as stored
-	w      *etcdwatch.Watch // the watch since the last listing
-	raw    raws             // the values of ed as sent, for Save (WithSave; save.go)
-	listed bool             // the first listing is published and watched: core.ready is closed
+	list    *lister          // the range's listings
+	ed      *tableEditor[T]  // the state being applied to, published as a Snapshot
+	rev     int64            // the revision ed holds
+	from    int64            // Revision of the last batch kept, or of the first listing: the next batch's From
+	bytes   int64            // of ed's keys and values as stored
+	w       *etcdwatch.Watch // the watch since the last listing
+	raw     raws             // the values of ed as sent, for Save (WithSave; save.go)
+	cluster uint64           // the ID of the cluster ed came from, for Save
+	listed  bool             // the first listing is published and watched: core.ready is closed
 }
 
 // start runs the state until it ends, then ends its tasks and tells every
@@ -152,7 +153,6 @@ func (r *runner[T]) listAndWatch() error {
 		return &readError{"listing the range", err}
 	}
 	d.finish(rev)
-	r.warm.listed(r.list)
 	// From rev, not rev+1: a watch from the revision after the store's
 	// is one the server deems waiting for a future revision, and etcd 3.5+
 	// then answers no progress request on the stream until the next write
@@ -161,7 +161,7 @@ func (r *runner[T]) listAndWatch() error {
 	if err != nil {
 		return err
 	}
-	r.install(d.ed, d.raw, rev, d.bytes, w)
+	r.install(d.ed, d.raw, rev, d.bytes, r.list.cluster, w)
 	if first {
 		r.publishFirst()
 		return nil
@@ -344,11 +344,11 @@ func (s *entrySlab[T]) keep(e Entry[T]) *Entry[T] {
 	return p
 }
 
-// install makes a state listed or loaded at rev the runner's, followed
-// from there by w. The runner publishes it next: publishFirst, or publish
-// with the difference from the state before.
-func (r *runner[T]) install(ed *tableEditor[T], raw raws, rev, bytes int64, w *etcdwatch.Watch) {
-	r.ed, r.raw, r.rev, r.bytes, r.w = ed, raw, rev, bytes, w
+// install makes a state listed or loaded at rev, from cluster, the
+// runner's, followed from there by w. The runner publishes it next:
+// publishFirst, or publish with the difference from the state before.
+func (r *runner[T]) install(ed *tableEditor[T], raw raws, rev, bytes int64, cluster uint64, w *etcdwatch.Watch) {
+	r.ed, r.raw, r.rev, r.bytes, r.cluster, r.w = ed, raw, rev, bytes, cluster, w
 	r.watch.Store(w)
 }
 
@@ -364,5 +364,5 @@ func (r *runner[T]) publish(bs ...Batch[T]) {
 	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev && len(bs) == 0 {
 		return // nothing moved
 	}
-	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze()}, bs)
+	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze(), cluster: r.cluster}, bs)
 }

@@ -75,7 +75,7 @@ func (v *View[T]) Save(w io.Writer) error {
 
 func (c *core[T]) save(w io.Writer, s *Snapshot[T]) error {
 	h := stateHeader{
-		cluster:  c.warm.cluster.Load(),
+		cluster:  s.cluster,
 		revision: s.rev,
 		count:    uint64(s.Len()),
 		key:      c.req.Key,

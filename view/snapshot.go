@@ -14,6 +14,9 @@ type Snapshot[T any] struct {
 	rev   int64
 	bytes int64
 	raw   cow.Map[[]byte] // the values as the server sent them, for Save (WithSave); empty for other views
+	// cluster is the ID of the cluster the state was listed from or
+	// restored against, for Save: of this state, not of a listing under way.
+	cluster uint64
 }
 
 // Revision is the revision whose state the snapshot holds.

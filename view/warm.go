@@ -95,9 +95,8 @@ func (w warmOptions) validate() error {
 // warm is a state's part in warm restarts: what it was restored from, and
 // what saving needs. Its zero value is ready.
 type warm[T any] struct {
-	// Atomics: cluster is written by the runner at each listing and
-	// restore, and read by saves; the counters by Stats.
-	cluster      atomic.Uint64 // the ID of the cluster the state came from
+	// Counters, for Stats. (The cluster a state came from is its
+	// Snapshot's, for saves.)
 	refusals     atomic.Uint64
 	saveFailures atomic.Uint64
 
@@ -117,9 +116,6 @@ type warm[T any] struct {
 func (v *View[T]) Restored() (rev int64, err error) {
 	return v.core.warm.restored, v.core.warm.refused
 }
-
-// listed records the cluster a listing came from, for saves.
-func (w *warm[T]) listed(l *lister) { w.cluster.Store(l.cluster) }
 
 // restore starts the state from the saved one given, instead of the first
 // listing. It reports done when it did (the state is published, watched and
@@ -200,9 +196,8 @@ func (r *runner[T]) restore() (bool, error) {
 		r.refuse(err)
 		return false, nil
 	}
-	w.cluster.Store(cluster)
 	w.restored = h.revision
-	r.install(ld.ed, ld.raw, h.revision, ld.bytes, watch)
+	r.install(ld.ed, ld.raw, h.revision, ld.bytes, cluster, watch)
 	r.publishFirst()
 	return r.catchUp(h.revision, vouched)
 }

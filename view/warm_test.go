@@ -426,6 +426,36 @@ func TestRestoreLetGoIsReported(t *testing.T) {
 	require.Equal(t, 4, vh.v.Len())
 }
 
+// TestSaveNamesTheClusterOfItsState: when the Source comes to reach
+// another cluster, the view relists there; a save while that listing's
+// watch is still being created saves the state published, the first
+// cluster's, and says so. Catches: the file naming the cluster of the
+// listing under way, which a restart against that cluster would accept.
+func TestSaveNamesTheClusterOfItsState(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.SetClusterID(1)
+	kv.Put("v/a", "1")
+	path := filepath.Join(t.TempDir(), "state")
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, 0))
+	first := vh.v.Revision()
+
+	kv.SetClusterID(2)
+	kv.Put("v/b", "2")
+	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision())) // a relist: a listing of cluster 2...
+	vh.isolated().RecvCreate(t)                       // ...and its watch, left unanswered
+	closed := callAsync(func() error { return vh.v.Close() }) // saves the state published
+	require.NoError(t, recv(t, closed, "Close"))
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	rev, err := view.SavedRevision(b)
+	require.NoError(t, err)
+	require.Equal(t, first, rev, "the state published: the first listing's")
+	cluster, err := view.SavedCluster(b)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, cluster, "the cluster that state came from")
+}
+
 // decoded returns a Decoder of plain values that records the keys it was
 // given.
 func decoded(keys *[]string) view.Decoder[[]byte] {

@@ -46,13 +46,12 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 		return true, &readError{"listing the range", err}
 	}
 	walk.finish()
-	r.warm.listed(r.list)
 	w, err := r.src.Watch(r.ctx, r.req.FromRevision(rev)) // from rev, as listAndWatch
 	if err != nil {
 		r.refuse(fmt.Errorf("watching from the listing against it: %w", err))
 		return true, err
 	}
-	r.install(d.ed, d.raw, rev, d.bytes, w)
+	r.install(d.ed, d.raw, rev, d.bytes, r.list.cluster, w)
 	if loadErr != nil {
 		r.refuse(loadErr)
 		r.publishFirst()
