@@ -69,6 +69,8 @@
 //	etcdwatch_view_integrity_mismatches_total  counter  IntegrityMismatches: comparisons that found the view wrong
 //	etcdwatch_view_subscribers                 gauge    Subscribers: open subscriptions
 //	etcdwatch_view_history_bytes               gauge    HistoryBytes: bytes of changes kept for subscribers
+//	etcdwatch_view_restore_refusals_total      counter  RestoreRefusals: saved states not used at a warm start
+//	etcdwatch_view_save_failures_total         counter  SaveFailures: saves to WithStateFile's file that failed
 //
 // A program has few views, so the range label's values are few. A range
 // nobody writes lags until its next bookmark (view.WithBookmarkInterval),

@@ -29,7 +29,9 @@ var _ prometheus.Collector = (*ViewCollector)(nil)
 // NewView returns a ViewCollector over v, whose metrics carry the labels
 // view="name" and range=r.String() (such as `keys ["config/",
 // "config0")`), r being the range v was made with. Views of one state
-// (view.View.Share) share their Stats: register one of them. Two
+// (view.View.Share) share the state's figures, but Subscribers and
+// Resyncs are each View's own: register a ViewCollector for each View
+// whose subscribers you count, under names of their own. Two
 // ViewCollectors may share a registry if their names or ranges differ.
 // The ViewCollector reads v at each scrape, for as long as it is
 // registered: after v is closed its values stay as they were, so
