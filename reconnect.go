@@ -60,7 +60,10 @@ func (d *dispatcher) handleSessionEnd() {
 		return
 	}
 	end := streamEnd{
-		worked:   d.sessHeard || now.Sub(d.sessStart) >= healthyPeriod,
+		// A stream that said nothing worked if it stayed up a while (one
+		// without watches has nothing to say), but not one given up as
+		// silent: its liveness probe went unanswered.
+		worked:   d.sessHeard || (now.Sub(d.sessStart) >= healthyPeriod && !errors.Is(err, errSilent)),
 		noLeader: rpcerr.NoLeader(err),
 	}
 	if end.worked {

@@ -542,3 +542,34 @@ func TestCreatesQueuedBetweenStreamsAfterAProxy(t *testing.T) {
 	}
 	require.Equal(t, "z", string(r.Events[0].Key), "watch on z got an event for another key")
 }
+
+// TestSilentStreamThatNeverAnsweredDidNotWork: a stream whose server never
+// answered, given up as silent after the liveness idle and timeout (longer
+// than the healthy period), did not work: the next one waits its backoff,
+// and the outage counts from when the watches last heard. Catches: such a
+// stream counted as one that worked, resetting the backoff and the
+// outage's start (the "back" log then said down=0s).
+func TestSilentStreamThatNeverAnsweredDidNotWork(t *testing.T) {
+	var logs logRecorder
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithLogger(slog.New(&logs)),
+		etcdwatch.WithLiveness(30*time.Second, 10*time.Second), etcdwatch.WithReconnectBackoff(time.Second, time.Second))
+	h.watch(etcdwatch.Key("a"), 3)
+	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // it worked: the next at once
+	h.srv = h.server.Accept(t)
+	h.srv.RecvCreate(t) // never answered: a hung member
+	awaitArmed(t, clk, 30*time.Second)
+	clk.Advance(30 * time.Second)
+	h.srv.RecvCreate(t) // the probe, never answered
+	awaitArmed(t, clk, 10*time.Second)
+	clk.Advance(10 * time.Second) // given up as silent
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	d, ok := clk.AwaitArmedIn(ctx, 500*time.Millisecond, time.Second)
+	require.True(t, ok, "the next stream waits its backoff; armed: %v", clk.Armed())
+	clk.Advance(d)
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	h.await(func() bool { return logs.count("INFO etcdwatch: watch stream back down="+(40*time.Second+d).String()) == 1 }, "down from the cut")
+}
