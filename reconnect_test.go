@@ -571,5 +571,7 @@ func TestSilentStreamThatNeverAnsweredDidNotWork(t *testing.T) {
 	h.srv = h.server.Accept(t)
 	c := h.srv.RecvCreate(t)
 	h.srv.Send(t, ws.Created(c.WatchId, 3))
-	h.await(func() bool { return logs.count("INFO etcdwatch: watch stream back down="+(40*time.Second+d).String()) == 1 }, "down from the cut")
+	h.await(func() bool {
+		return logs.count("INFO etcdwatch: watch stream back down="+(40*time.Second+d).String()) == 1
+	}, "down from the cut")
 }

@@ -1,6 +1,8 @@
 package group
 
 import (
+	"time"
+
 	"github.com/etcdwatch/etcdwatch"
 )
 
@@ -121,16 +123,36 @@ func add(a, b etcdwatch.Stats) etcdwatch.Stats {
 }
 
 // combine is two Streams' State as one: connected while both are, since
-// the later Since, with the later error. (A Stream's two gRPC streams are
-// combined the same way.)
+// that last changed, with the later error. (A Stream's two gRPC streams
+// are combined the same way.)
 func combine(a, b etcdwatch.State) etcdwatch.State {
 	st := a
 	st.Connected = a.Connected && b.Connected
-	if b.Since.After(a.Since) {
+	switch { // Since is when Connected last changed: for the two together,
+	case a.Connected && b.Connected: // when the later came up
+		st.Since = later(a.Since, b.Since)
+	case !a.Connected && !b.Connected: // when the first went down
+		st.Since = earlier(a.Since, b.Since)
+	case !b.Connected: // when it went down; a's, when only a is down
 		st.Since = b.Since
 	}
 	if b.LastErrorAt.After(a.LastErrorAt) {
 		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
 	}
 	return st
+}
+
+// later and earlier are the later and the earlier of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

@@ -442,8 +442,8 @@ func TestSaveNamesTheClusterOfItsState(t *testing.T) {
 
 	kv.SetClusterID(2)
 	kv.Put("v/b", "2")
-	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision())) // a relist: a listing of cluster 2...
-	vh.isolated().RecvCreate(t)                       // ...and its watch, left unanswered
+	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))        // a relist: a listing of cluster 2...
+	vh.isolated().RecvCreate(t)                               // ...and its watch, left unanswered
 	closed := callAsync(func() error { return vh.v.Close() }) // saves the state published
 	require.NoError(t, recv(t, closed, "Close"))
 	b, err := os.ReadFile(path)
