@@ -61,7 +61,9 @@ func TestCombine(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	up := func(s int) etcdwatch.State { return etcdwatch.State{Connected: true, Since: at(s)} }
-	down := func(s int) etcdwatch.State { return etcdwatch.State{Since: at(s), LastError: etcdwatch.ErrClosed, LastErrorAt: at(s)} }
+	down := func(s int) etcdwatch.State {
+		return etcdwatch.State{Since: at(s), LastError: etcdwatch.ErrClosed, LastErrorAt: at(s)}
+	}
 	for _, tc := range []struct {
 		name      string
 		a, b      etcdwatch.State
