@@ -141,12 +141,12 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 		d.log.Info("etcdwatch: server picks its own watch ids; creating one watch at a time", "asked", w.entry.reqID, "got", id)
 		d.s.stats.idsRewritten.Store(true)
 	}
-	d.s.stats.created.Add(1)
 	if e := &w.entry; e.state == stateAbandoned || e.is(probe) {
 		d.sendCancel(id)
 		d.forget(w)
 		return
 	}
+	d.s.stats.created.Add(1) // a user's watch: a probe's answer is no create of theirs
 	d.activate(w, id, resp.Header.Revision)
 }
 

@@ -82,7 +82,8 @@ func NewHandler(handle func(w *Watch, i int, r Response), opts ...HandlerOption)
 }
 
 // Wait waits until the Handler has nothing to do: no call running and none
-// due. It may be called at any time, from any goroutine, while responses
+// due. It may be called at any time, from any goroutine but one running a
+// call of the Handler (which would wait for itself), while responses
 // keep coming (unlike a sync.WaitGroup's, whose Wait may not race with a
 // count rising from zero); a response arriving after it returned starts
 // the Handler again. Once the Streams of its watches are closed, it

@@ -133,6 +133,7 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	require.Zero(t, probe.StartRevision, "a probe watches from now, with no history for etcd to replay")
 	h.srv.Send(t, ws.Created(probe.WatchId, 3))
 	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
+	require.Equal(t, uint64(1), h.s.Stats().Created, "the watch's create; a probe's answer counts as none")
 	awaitArmed(t, clk, idle) // idle from the answer
 	clk.Advance(idle)
 	// The next probe is not answered: once its timeout has passed, the
