@@ -73,9 +73,16 @@ func (k BatchKind) String() string {
 }
 
 // Batch is a step of a view from the state at revision From to the state at
-// Revision: the changes of whole revisions, in order, never half of one.
+// Revision: the changes of whole revisions, in order, never half of one
+// (a Relisted batch's in key order: a listing cannot tell their order).
 type Batch[T any] struct {
 	Kind           BatchKind
 	From, Revision int64
 	Changes        []Change[T]
+
+	// same, for a Relisted batch: the view's state at From was its state
+	// up to this revision (it moved on without changes), so a subscriber
+	// from a revision up to it may take the batch as a step from there;
+	// beyond it, what changed since is not known: a Resync.
+	same int64
 }

@@ -1,14 +1,18 @@
 package view_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -316,4 +320,86 @@ func TestRelistedStartsWhereTheSubscriberDoes(t *testing.T) {
 	require.Equal(t, view.Relisted, b.Kind)
 	require.Equal(t, rev, b.From, "batches that start at the revision subscribed at")
 	require.Empty(t, b.Changes)
+}
+
+// TestResyncThenTheNextBatchChains: a Resync given right after the view
+// moved without a batch (a Sync within progressGap of the last progress
+// batch) is at the view's revision, and the next batch starts there.
+// Catches: the next batch starting where the last batch published ended,
+// before the Resync's revision.
+func TestResyncThenTheNextBatchChains(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	synced := func() {
+		done := callAsync(func() error { return vh.v.Sync(context.Background()) })
+		require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+		vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
+		require.NoError(t, recv(t, done, "Sync"))
+	}
+	kv.Put("w/a", "1")
+	synced()
+	kv.Put("w/b", "1")
+	synced() // within progressGap: published without a batch
+	sub := vh.v.Subscribe(context.Background(), 0)
+	r := nextBatch(t, sub)
+	require.Equal(t, view.Resync, r.Kind)
+	ev := kv.PutEvent("v/new", "1")
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision(), ev))
+	b := nextBatch(t, sub)
+	require.Equal(t, r.Revision, b.From, "the batch after the Resync starts at its revision")
+	require.Equal(t, []string{"created v/new"}, summary(b))
+}
+
+// TestSubscribeInsideARestoredRelist: a view restored from a state saved
+// at S, whose history since is compacted, reports the difference from S
+// in one Relisted batch. A subscriber from S gets it; one from a revision
+// it saved past S (its own progress, saved more often than the view's
+// file) gets a Resync: the view cannot know what changed between S and
+// that revision. Catches: the Relisted batch given from the later
+// revision, missing a key created after S and deleted after it.
+func TestSubscribeInsideARestoredRelist(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	past := kv.Put("v/k", "1") // the subscriber's saved progress
+	kv.Delete("v/k")
+	// The header's read goes through; the history since at is compacted.
+	kv.FailNext(nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"))
+	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	rev, err := vh.v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+
+	b := nextBatch(t, vh.v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, at, b.From)
+	b = nextBatch(t, vh.v.Subscribe(context.Background(), past))
+	require.Equal(t, view.Resync, b.Kind, "from %d, inside the step from %d", past, at)
+	require.Zero(t, vh.v.Stats().Resyncs, "not a subscriber that fell behind")
+}
+
+// TestSubscriptionsEndedByTheirContextAreForgotten: a subscription whose
+// context ends leaves its View's count, as one closed does; and one whose
+// view ended says so in Err once Next has returned the view's end.
+func TestSubscriptionsEndedByTheirContextAreForgotten(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, view.DecodeBytes)
+	for range 10 {
+		ctx, cancel := context.WithCancel(context.Background())
+		sub := vh.v.Subscribe(ctx, 0)
+		cancel()
+		require.Eventually(t, func() bool { return sub.Err() != nil }, wait, time.Millisecond)
+		require.ErrorIs(t, sub.Err(), context.Canceled)
+	}
+	require.Zero(t, vh.v.Stats().Subscribers, "once Err says so, the View counts them no more")
+	ended := vh.v.Subscribe(context.Background(), 0)
+	require.Equal(t, 1, vh.v.Stats().Subscribers)
+	nextBatch(t, ended) // its Resync
+	vh.srv.Send(t, &pb.WatchResponse{Header: ws.Header(vh.kv.Revision()), WatchId: vh.id, Canceled: true, CancelReason: "etcdserver: permission denied"})
+	_, err := ended.Next(context.Background())
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	require.ErrorIs(t, ended.Err(), etcdwatch.ErrPermissionDenied, "Err says why, as Next did")
 }

@@ -168,7 +168,7 @@ func (r *runner[T]) listAndWatch() error {
 	}
 	r.stats.relists.Add(1)
 	r.log.Info("etcdwatch: view listed again", "from", base.rev, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
-	r.publish(Batch[T]{Kind: Relisted, From: r.from, Revision: rev, Changes: d.changes})
+	r.publish(Batch[T]{Kind: Relisted, From: r.from, Revision: rev, Changes: d.changes, same: base.rev})
 	r.from = rev
 	return nil
 }

@@ -19,7 +19,7 @@ type Subscription[T any] struct {
 	closed  chan struct{}  // closed by end
 	cause   error          // why it ended; written before closed is closed
 	once    sync.Once
-	onClose func() // tells the View; set by View.Subscribe
+	onEnd   func(*Subscription[T]) // tells its View, at the end; may be nil
 
 	mu      sync.Mutex
 	stopCtx func() bool // releases the AfterFunc on the subscription's context; guarded by mu
@@ -31,10 +31,11 @@ type Subscription[T any] struct {
 	asked  bool   // that Resync was asked for, not caused by falling behind
 }
 
-// subscribe returns a subscription for a subscriber that holds the state at
+// subscribe returns a subscription, whose end is told to onEnd (if not
+// nil), for a subscriber that holds the state at
 // rev (none for rev <= 0), ended with ctx.
-func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint64) *Subscription[T] {
-	sub := &Subscription[T]{c: c, resyncs: resyncs, closed: make(chan struct{}), from: rev + 1}
+func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint64, onEnd func(*Subscription[T])) *Subscription[T] {
+	sub := &Subscription[T]{c: c, resyncs: resyncs, closed: make(chan struct{}), from: rev + 1, onEnd: onEnd}
 	h := &c.hist
 	h.mu.Lock()
 	if rev <= 0 || rev < h.floor {
@@ -42,6 +43,14 @@ func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint
 	} else {
 		i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision > rev })
 		sub.next = h.first + uint64(i)
+		if i < len(h.items) {
+			// Within a Relisted step beyond what the view knows of its start
+			// (rev a subscriber saved, past a saved state the view restored
+			// from): what changed up to rev is not known. The Resync is not
+			// counted: the subscriber did not fall behind.
+			b := &h.items[i].b
+			sub.resync, sub.asked = b.Kind == Relisted && rev > max(b.From, b.same), true
+		}
 	}
 	h.mu.Unlock()
 	sub.mu.Lock()
@@ -115,6 +124,9 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 	case s.resync || s.next < h.first:
 		snap, asked := s.c.snap.Load(), s.resync && s.asked
 		s.next, s.resync, s.from = end, false, 0
+		if snap != nil { // the next batch starts at the Resync's revision, though it may have been published from before it
+			s.from = snap.rev + 1
+		}
 		h.mu.Unlock()
 		return s.resyncTo(snap, asked)
 	case s.next < end:
@@ -124,6 +136,7 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 		return s.trimFirst(b), nil, nil
 	case h.over:
 		h.mu.Unlock()
+		s.end(s.c.err) // Err says so too
 		return Batch[T]{}, nil, s.c.err
 	}
 	wait := h.changed
@@ -136,6 +149,7 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 // history's lock: it copies the whole state.
 func (s *Subscription[T]) resyncTo(snap *Snapshot[T], asked bool) (Batch[T], <-chan struct{}, error) {
 	if snap == nil {
+		s.end(s.c.err)
 		return Batch[T]{}, nil, s.c.err
 	}
 	if !asked {
@@ -188,17 +202,17 @@ func trim[T any](b Batch[T], from int64) Batch[T] {
 }
 
 // Close ends the subscription: Next returns ErrClosed. It is idempotent.
-func (s *Subscription[T]) Close() {
-	s.end(ErrClosed)
-	if s.onClose != nil {
-		s.onClose()
-	}
-}
+func (s *Subscription[T]) Close() { s.end(ErrClosed) }
 
-// end ends the subscription with cause, once.
+// end ends the subscription with cause, once: its Close, its context's
+// end, its View's Close, or the view's end met by Next. onEnd is told
+// before Err says so, so that once Err is set its View no longer counts it.
 func (s *Subscription[T]) end(cause error) {
 	s.once.Do(func() {
 		s.cause = cause
+		if s.onEnd != nil {
+			s.onEnd(s)
+		}
 		close(s.closed)
 		s.mu.Lock()
 		defer s.mu.Unlock()

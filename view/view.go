@@ -242,10 +242,10 @@ func (v *View[T]) Sync(ctx context.Context) error {
 // it), at most ten a second, each with the latest revision: a subscriber
 // can save it and subscribe again from there.
 func (v *View[T]) Subscribe(ctx context.Context, rev int64) *Subscription[T] {
-	sub := v.core.subscribe(ctx, rev, &v.resyncs)
+	sub := v.core.subscribe(ctx, rev, &v.resyncs, v.forget)
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if v.closed {
+		v.mu.Unlock()
 		sub.end(ErrClosed) // a View's subscriptions end with it
 		return sub
 	}
@@ -253,7 +253,10 @@ func (v *View[T]) Subscribe(ctx context.Context, rev int64) *Subscription[T] {
 		v.subs = make(map[*Subscription[T]]struct{})
 	}
 	v.subs[sub] = struct{}{}
-	sub.onClose = func() { v.forget(sub) }
+	v.mu.Unlock()
+	if sub.Err() != nil { // ended (its ctx) before it was counted: its forget came first
+		v.forget(sub)
+	}
 	return sub
 }
 

@@ -62,7 +62,7 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 	r.stats.relists.Add(1)
 	r.log.Info("etcdwatch: view's saved state is compacted; listed against it", "path", r.opts.warm.path, "saved", h.revision, "revision", rev, "changes", len(d.changes), "keys", d.ed.Len())
 	r.hist.floor, r.from = h.revision, h.revision
-	r.publish(Batch[T]{Kind: Relisted, From: h.revision, Revision: rev, Changes: d.changes})
+	r.publish(Batch[T]{Kind: Relisted, From: h.revision, Revision: rev, Changes: d.changes, same: h.revision})
 	r.from = rev
 	return true, nil
 }
