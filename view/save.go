@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"time"
+	"weak"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/internal/cow"
@@ -139,7 +140,7 @@ func (c *core[T]) startSaving() {
 // last written; a failure is logged and counted, and tried again next time.
 func (c *core[T]) saveFile() {
 	s := c.snap.Load()
-	if s == c.warm.lastSaved {
+	if weak.Make(s) == c.warm.lastSaved {
 		return
 	}
 	began := time.Now()
@@ -149,7 +150,7 @@ func (c *core[T]) saveFile() {
 		c.log.Warn("etcdwatch: view could not save its state", "path", c.opts.warm.path, "revision", s.rev, "err", err)
 		return
 	}
-	c.warm.lastSaved = s
+	c.warm.lastSaved = weak.Make(s)
 	c.log.Debug("etcdwatch: view saved its state", "path", c.opts.warm.path, "revision", s.rev, "keys", s.Len(), "took", time.Since(began))
 }
 

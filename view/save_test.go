@@ -5,13 +5,17 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/etcdwatch/etcdwatch"
 )
 
 // crashEnv names the file a child of TestCrashWhileSaving saves to.
@@ -165,3 +169,39 @@ func TestFailedSave(t *testing.T) {
 
 // wait bounds the waits of the package's own tests.
 const wait = 10 * time.Second
+
+// TestSaveDoesNotHoldTheStateItSaved: the save loop remembers the state it
+// last wrote, so as not to write it again, without keeping it alive once
+// a newer one is published (its entries and values, up to a whole state's
+// worth under churn). Catches: a strong reference, which kept the saved
+// state until the next save.
+func TestSaveDoesNotHoldTheStateItSaved(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	c := &core[[]byte]{opts: options{warm: warmOptions{keep: true, path: path, pathSet: true}}, log: slog.New(slog.DiscardHandler), req: etcdwatch.Prefix("v/")}
+	saved := &Snapshot[[]byte]{rev: 1}
+	collected := make(chan struct{})
+	runtime.AddCleanup(saved, func(ch chan struct{}) { close(ch) }, collected)
+	c.snap.Store(saved)
+	c.saveFile()
+	require.Zero(t, c.warm.saveFailures.Load())
+	written, err := os.Stat(path)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(path))
+	c.saveFile() // the same state: not written again
+	_, err = os.Stat(path)
+	require.ErrorIs(t, err, os.ErrNotExist, "written again (it was %d bytes)", written.Size())
+
+	c.snap.Store(&Snapshot[[]byte]{rev: 2}) // a newer state, not saved yet
+	saved = nil
+	defer runtime.KeepAlive(c) // the view's state lives on
+	for deadline := time.After(wait); ; {
+		runtime.GC()
+		select {
+		case <-collected:
+			return
+		case <-deadline:
+			t.Fatal("the state saved, since replaced, is kept alive")
+		case <-time.After(10 * time.Millisecond): // the cleanup runs after a GC, on a goroutine of its own
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 
@@ -104,8 +105,11 @@ type warm[T any] struct {
 	restored int64 // the saved revision the state started from; 0 if listed
 	refused  error // why a saved state given was not used: a *RestoreError
 
-	tried     bool         // the runner's: the saved state given was looked at
-	lastSaved *Snapshot[T] // saveLoop's: the state it last wrote
+	tried bool // the runner's: the saved state given was looked at
+	// saveLoop's: the state it last wrote, weakly, so that it does not
+	// keep a state since replaced (its entries and values) alive until
+	// the next save; once collected, it cannot be the state published.
+	lastSaved weak.Pointer[Snapshot[T]]
 }
 
 // Restored returns the revision of the saved state the view started from
