@@ -82,8 +82,8 @@ func (g *Group) Stats() etcdwatch.Stats {
 // State returns the group's Streams' State together, pinned ones
 // included once their servers have answered (see opening) and until their
 // watches end (a pinned Stream closing is no failure): connected while
-// every one is, since the latest of their Since, and the latest error of
-// any. Streams gives each Stream's.
+// every one is, since that last changed (see combine), and the latest
+// error of any. Streams gives each Stream's.
 func (g *Group) State() etcdwatch.State {
 	st := g.own[0].stream.State()
 	for _, sl := range g.own[1:] {

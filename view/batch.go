@@ -81,8 +81,9 @@ type Batch[T any] struct {
 	Changes        []Change[T]
 
 	// same, for a Relisted batch: the view's state at From was its state
-	// up to this revision (it moved on without changes), so a subscriber
-	// from a revision up to it may take the batch as a step from there;
-	// beyond it, what changed since is not known: a Resync.
+	// up to this revision, at least From (it moved on without changes),
+	// so a subscriber from a revision up to it may take the batch as a
+	// step from there; beyond it, what changed since is not known: a
+	// Resync.
 	same int64
 }

@@ -298,20 +298,7 @@ func TestSyncDuringARelist(t *testing.T) {
 // batch's. (On a machine slow enough that the second Sync comes after
 // progressGap, both moves have batches and the test shows nothing.)
 func TestRelistedStartsWhereTheSubscriberDoes(t *testing.T) {
-	h := newHarness(t)
-	kv := h.server.KV()
-	putKeys(kv, 2)
-	vh := openView(h, view.DecodeBytes)
-	synced := func() {
-		done := callAsync(func() error { return vh.v.Sync(context.Background()) })
-		require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
-		vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
-		require.NoError(t, recv(t, done, "Sync"))
-	}
-	kv.Put("w/a", "1")
-	synced() // a progress batch
-	kv.Put("w/b", "1")
-	synced() // within progressGap: published without a batch
+	vh, kv := movedWithoutABatch(t)
 	rev := vh.v.Revision()
 	sub := vh.v.Subscribe(context.Background(), rev)
 	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))
@@ -328,20 +315,7 @@ func TestRelistedStartsWhereTheSubscriberDoes(t *testing.T) {
 // Catches: the next batch starting where the last batch published ended,
 // before the Resync's revision.
 func TestResyncThenTheNextBatchChains(t *testing.T) {
-	h := newHarness(t)
-	kv := h.server.KV()
-	putKeys(kv, 2)
-	vh := openView(h, view.DecodeBytes)
-	synced := func() {
-		done := callAsync(func() error { return vh.v.Sync(context.Background()) })
-		require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
-		vh.srv.Send(t, ws.Progress(-1, kv.Revision()))
-		require.NoError(t, recv(t, done, "Sync"))
-	}
-	kv.Put("w/a", "1")
-	synced()
-	kv.Put("w/b", "1")
-	synced() // within progressGap: published without a batch
+	vh, kv := movedWithoutABatch(t)
 	sub := vh.v.Subscribe(context.Background(), 0)
 	r := nextBatch(t, sub)
 	require.Equal(t, view.Resync, r.Kind)
@@ -402,4 +376,30 @@ func TestSubscriptionsEndedByTheirContextAreForgotten(t *testing.T) {
 	_, err := ended.Next(context.Background())
 	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
 	require.ErrorIs(t, ended.Err(), etcdwatch.ErrPermissionDenied, "Err says why, as Next did")
+}
+
+// syncAnswered makes a Sync of vh's view and answers the progress request
+// it makes at the KV's revision.
+func syncAnswered(t *testing.T, vh *viewHarness[[]byte]) {
+	t.Helper()
+	done := callAsync(func() error { return vh.v.Sync(context.Background()) })
+	require.NotNil(t, vh.srv.Recv(t).GetProgressRequest())
+	vh.srv.Send(t, ws.Progress(-1, vh.kv.Revision()))
+	require.NoError(t, recv(t, done, "Sync"))
+}
+
+// movedWithoutABatch opens a view of two keys and moves it twice by Syncs
+// answered at writes outside its range, the second within progressGap of
+// the first's progress batch: published without a batch of its own.
+func movedWithoutABatch(t *testing.T) (*viewHarness[[]byte], *ws.KV) {
+	t.Helper()
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	kv.Put("w/a", "1")
+	syncAnswered(t, vh) // a progress batch
+	kv.Put("w/b", "1")
+	syncAnswered(t, vh)
+	return vh, kv
 }

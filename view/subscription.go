@@ -43,13 +43,12 @@ func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint
 	} else {
 		i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision > rev })
 		sub.next = h.first + uint64(i)
-		if i < len(h.items) {
+		if i < len(h.items) && h.items[i].b.Kind == Relisted && rev > h.items[i].b.same {
 			// Within a Relisted step beyond what the view knows of its start
 			// (rev a subscriber saved, past a saved state the view restored
 			// from): what changed up to rev is not known. The Resync is not
 			// counted: the subscriber did not fall behind.
-			b := &h.items[i].b
-			sub.resync, sub.asked = b.Kind == Relisted && rev > max(b.From, b.same), true
+			sub.resync, sub.asked = true, true
 		}
 	}
 	h.mu.Unlock()
