@@ -443,6 +443,39 @@ var contractCases = []contractCase{
 		requireGRPCError(t, codes.ResourceExhausted, r.Err())
 		closed(t, ch)
 	}},
+	{name: "receive limit: a Watch after the stream ended gets a new stream, while another watch on the old one has a response unread", run: func(t *testing.T, e *env) {
+		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
+		big := strings.Repeat("v", 400<<10)
+		write := func(v string) {
+			t.Helper()
+			_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), v), clientv3.OpPut(e.key("b"), v)).Commit()
+			require.NoError(t, err)
+		}
+		write(big)
+		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		unread := cli.Watch(e.ctx, e.key("a")) // on the same stream; its consumer never reads
+		write("small")
+		require.Len(t, events(t, ch, 2), 2)
+		write(big)
+		events(t, ch, 2)
+		write(big + "2") // over the limit: ends the stream
+		require.True(t, next(t, ch).Canceled)
+		closed(t, ch)
+		// clientv3 may refuse a Watch or two while the old stream winds
+		// down (it gives up a final send after 250 ms); a Watch that keeps
+		// joining the ended stream is refused until the test's deadline.
+		var refusal error
+		for attempt := 0; ; attempt++ {
+			require.NoError(t, e.ctx.Err(), "still refused after %d attempts: %v", attempt, refusal)
+			r := next(t, cli.Watch(e.ctx, e.key("c"), clientv3.WithCreatedNotify()))
+			if r.Created {
+				break
+			}
+			require.True(t, r.Canceled, "%+v", r)
+			refusal = r.Err()
+		}
+		_ = unread
+	}},
 	{name: "receive limit with WithFragment: a revision above it arrives whole, in fragments under it", run: func(t *testing.T, e *env) {
 		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
 		big := strings.Repeat("v", 400<<10)
@@ -467,6 +500,17 @@ var contractCases = []contractCase{
 			closed(t, ch)
 		}
 		require.ErrorIs(t, cli.Close(), context.Canceled, "what Close says once the connection was closed under it")
+	}},
+	{name: "options as clientv3.OpWatch takes them: WithPrefix then WithFromKey, the last wins; WithLease panics", run: func(t *testing.T, e *env) {
+		var ch clientv3.WatchChan
+		require.NotPanics(t, func() {
+			ch = e.cli.Watch(e.ctx, e.key("m"), clientv3.WithPrefix(), clientv3.WithFromKey())
+		})
+		e.put(t, "z", "1") // after key m, outside the prefix: from-key wins
+		require.Equal(t, []string{"PUT " + e.key("z") + "=1"}, kvs(events(t, ch, 1)))
+		require.PanicsWithValue(t, "unexpected lease in watch", func() {
+			e.cli.Watch(e.ctx, e.key("m"), clientv3.WithLease(1))
+		})
 	}},
 	{name: "WithRev(-1): canceled, ErrCompacted", run: func(t *testing.T, e *env) {
 		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithRev(-1), clientv3.WithCreatedNotify())

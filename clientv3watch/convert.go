@@ -33,10 +33,11 @@ type watchSpec struct {
 // reasonEmptyRange is etcd's cancel reason for a range with key >= end.
 const reasonEmptyRange = "mvcc: watcher range is empty"
 
-// specOf reads the watch options through clientv3.OpGet and its accessors,
+// specOf reads the watch options through clientv3.OpWatch, as clientv3's
+// Watch does (so it panics where clientv3 does), and its accessors,
 // and normalises key and end as etcd does.
 func specOf(key string, opts []clientv3.OpOption) watchSpec {
-	op := clientv3.OpGet(key, opts...)
+	op := clientv3.OpWatch(key, opts...)
 	k, end := op.KeyBytes(), op.RangeBytes()
 	if len(k) == 0 {
 		k = []byte{0} // etcd's smallest key

@@ -2,6 +2,7 @@ package clientv3watch
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -76,6 +77,11 @@ func (cw *watch) handle(ew *etcdwatch.Watch, _ int, r etcdwatch.Response) {
 // and lets go of the group; or, when Watch answered otherwise, only the
 // group.
 func (cw *watch) ended(_ *etcdwatch.Watch, err error) {
+	if errors.Is(err, etcdwatch.ErrStreamFailed) {
+		// New watches open a stream of their own, as with clientv3, rather
+		// than join this one until its last consumer has read its end.
+		cw.w.forget(cw.g)
+	}
 	cw.opened.Wait()
 	defer cw.release()
 	if cw.failed {

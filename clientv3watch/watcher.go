@@ -26,7 +26,8 @@ import (
 // context carries clientv3.WithRequireLeader goes on a stream that requires
 // a leader, as with clientv3. Options are checked when the first stream
 // opens: invalid ones make every watch end at once with a canceled response
-// whose CancelReason says why, and RequestProgress return the error.
+// whose CancelReason says why (RequestProgress, with no watch open, returns
+// nil).
 //
 // c's receive limit (clientv3.Config.MaxCallRecvMsgSize, math.MaxInt32 if
 // 0) is kept as clientv3 keeps it: a response above it, in a watch without
@@ -109,7 +110,7 @@ var errWatcherClosed = fmt.Errorf("clientv3watch: %w", etcdwatch.ErrClosed)
 // Watch implements clientv3.Watcher: it returns once the server confirmed
 // the watch (or refused it, or ctx ended), as clientv3 does.
 func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
-	spec := specOf(key, opts) // panics on WithPrefix with WithFromKey, as clientv3 does
+	spec := specOf(key, opts) // panics where clientv3 does: a lease, limit, sort or filter of Get
 	if spec.refusal != "" {
 		return finished(canceled(spec.refusal))
 	}
