@@ -63,33 +63,45 @@ func requireExplained(t *testing.T, s *etcdwatch.Stream, err error, logs *logRec
 	t.Logf("%v", err)
 }
 
+// awaitOpenFailure starts a Watch that waits until the test ends, so that
+// the Stream tries to open its gRPC stream, and returns once it has failed
+// to and said so: the calls that follow give up with that known, however
+// slowly the machine got there.
+func awaitOpenFailure(t *testing.T, s *etcdwatch.Stream, logs *logRecorder) {
+	t.Helper()
+	waiting, stop := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { // ends with stop
+		_, err := s.Watch(waiting, etcdwatch.Key("waiting"))
+		res <- err
+	}()
+	t.Cleanup(func() {
+		stop()
+		require.ErrorIs(t, recv(t, res, "Watch"), context.Canceled)
+	})
+	require.Eventually(t, func() bool {
+		return s.State().LastError != nil && logs.count("WARN etcdwatch: cannot open the watch stream") > 0
+	}, wait, time.Millisecond, "the stream neither failed to open nor said so")
+}
+
 // TestDeadPortIsExplained: a Watch that gives up on a connection that is
-// refused says so, besides its context's error.
+// refused says so, besides its context's error, and so does
+// RequestProgress.
 func TestDeadPortIsExplained(t *testing.T) {
 	var logs logRecorder
-	obs := etcdwatch.NewObserver()
-	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs, etcdwatch.WithObserver(obs))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs)
+	awaitOpenFailure(t, s, &logs)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := s.Watch(ctx, etcdwatch.Key("a"))
 	requireExplained(t, s, err, &logs)
 	require.Contains(t, err.Error(), "connection refused")
 
-	// RequestProgress likewise, with a watch waiting to be created.
-	waiting, stop := context.WithCancel(context.Background())
-	res := make(chan error, 1)
-	go func() { // ends with stop
-		_, err := s.Watch(waiting, etcdwatch.Key("b"))
-		res <- err
-	}()
-	obs.Await(t, wait, func() bool { return s.Stats().Watches == 1 })
 	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = s.RequestProgress(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Contains(t, err.Error(), "connection refused")
-	stop()
-	require.ErrorIs(t, recv(t, res, "Watch"), context.Canceled)
 }
 
 // TestRefusedTLSHandshakeIsExplained: likewise for a server whose
@@ -110,7 +122,8 @@ func TestRefusedTLSHandshakeIsExplained(t *testing.T) {
 	}()
 	var logs logRecorder
 	s := openOn(t, lis.Addr().String(), credentials.NewTLS(&tls.Config{RootCAs: x509.NewCertPool()}), &logs)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	awaitOpenFailure(t, s, &logs)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = s.Watch(ctx, etcdwatch.Key("a"))
 	requireExplained(t, s, err, &logs)

@@ -558,7 +558,8 @@ func TestRequestProgressEndsWithContext(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	cause := errors.New("caller gave up")
 	go func() {
-		h.srv.Recv(t)
+		_, err := h.srv.Next() // the progress request is out
+		assert.NoError(t, err)
 		cancel(cause)
 	}()
 	_, err := h.s.RequestProgress(ctx)
@@ -622,7 +623,10 @@ func TestConcurrentWatchersAndCancels(t *testing.T) {
 		defer close(serverDone)
 		creates, cancels := 0, 0
 		for creates < goroutines*each || cancels < goroutines*each {
-			req := h.srv.Recv(t)
+			req, err := h.srv.Next()
+			if !assert.NoError(t, err) {
+				return
+			}
 			switch {
 			case req.GetCreateRequest() != nil:
 				creates++
@@ -793,15 +797,21 @@ func TestWatchAllEndsWithItsContext(t *testing.T) {
 	require.Equal(t, map[int64]bool{a.WatchId: true, b.WatchId: true}, cancels)
 }
 
-// TestStatsLastMessage: zero until a response arrives, then when it did.
+// TestStatsLastMessage: zero until a response arrives, then when the
+// latest did. Catches a time kept from the first response, or read at
+// Stats.
 func TestStatsLastMessage(t *testing.T) {
-	h := newHarness(t)
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk))
 	require.True(t, h.s.Stats().LastMessage.IsZero())
-	before := time.Now()
-	h.watch(etcdwatch.Key("a"), 1)
-	got := h.s.Stats().LastMessage
-	require.False(t, got.Before(before), "LastMessage %v is before the response was sent", got)
-	require.False(t, got.After(time.Now()))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	first := clk.Now()
+	require.Truef(t, h.s.Stats().LastMessage.Equal(first), "LastMessage %v, the created answer came at %v", h.s.Stats().LastMessage, first)
+	clk.Advance(time.Millisecond)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "2", 2)))
+	h.handledAll()
+	clk.Advance(time.Millisecond) // after the event: not its time
+	require.Truef(t, h.s.Stats().LastMessage.Equal(first.Add(time.Millisecond)), "LastMessage %v, the event came at %v", h.s.Stats().LastMessage, first.Add(time.Millisecond))
 }
 
 // TestWatchAllEndedForTheWholeStream: a Stream closed, or failed for good,

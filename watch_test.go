@@ -243,7 +243,9 @@ func TestSlowConsumerIsPausedAndResumed(t *testing.T) {
 // without bound.
 func TestOneBookmarkBringsTwoWatchesToTheirLimit(t *testing.T) {
 	const limit = 2
-	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	// A shared stall ends after sharedStall whatever the budget: on the
+	// real clock, that could pause the stalled watch too before Stats.
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour), etcdwatch.WithClock(clock.NewFake()))
 	a := h.watch(etcdwatch.Key("a"), 1)
 	b := h.watch(etcdwatch.Key("b"), 1)
 	h.srv.Send(t, ws.Events(a.ID(), 2, ws.Put("a", "2", 2)))

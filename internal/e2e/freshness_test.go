@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -54,8 +55,9 @@ func TestNeighboursCannotStarveAViewsProgress(t *testing.T) {
 	for g := range 8 { // 4,000 revisions: a watch from the first catches up for about 0.4s
 		wg.Go(func() {
 			for i := range 500 {
-				_, err := kv.Put(ctx(t), backlog+string(rune('a'+g)), string(rune(i)))
-				require.NoError(t, err)
+				if _, err := kv.Put(ctx(t), backlog+string(rune('a'+g)), string(rune(i))); !assert.NoError(t, err) {
+					return // not require: this is not the test's goroutine
+				}
 			}
 		})
 	}
@@ -87,7 +89,12 @@ func TestNeighboursCannotStarveAViewsProgress(t *testing.T) {
 	require.NoError(t, v.Sync(ctx(t)))
 	require.GreaterOrEqual(t, v.Revision(), rev)
 	require.Zero(t, reads.n.Load(), "the view fell back to reading: its progress was held up")
-	require.False(t, caughtUp.Load(), "the neighbour had caught up before the view's calls returned: this run shows nothing")
+	if caughtUp.Load() {
+		// Not a failure: the future watch alone holds up the main gRPC
+		// stream's progress (etcd answers none while a watch waits for a
+		// revision the store has not reached), as the request below shows.
+		t.Log("the catching-up neighbour had caught up before the view's calls returned")
+	}
 
 	short, cancel := context.WithTimeout(ctx(t), time.Second)
 	defer cancel()

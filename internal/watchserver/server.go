@@ -6,6 +6,8 @@ package watchserver
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -156,18 +158,28 @@ type Stream struct {
 }
 
 // Recv returns the client's next request, failing the test after Timeout or
-// when the client ended the stream.
+// when the client ended the stream. From the test's goroutine only, as
+// t.Fatal is; other goroutines use Next.
 func (st *Stream) Recv(t testing.TB) *pb.WatchRequest {
 	t.Helper()
+	req, err := st.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+// Next returns the client's next request, or an error after Timeout or when
+// the client ended the stream. Safe from any goroutine.
+func (st *Stream) Next() (*pb.WatchRequest, error) {
 	select {
 	case req, ok := <-st.reqs:
 		if !ok {
-			t.Fatal("watchserver: client ended the stream")
+			return nil, errors.New("watchserver: client ended the stream")
 		}
-		return req
+		return req, nil
 	case <-time.After(Timeout):
-		t.Fatalf("watchserver: no request within %v", Timeout)
-		return nil
+		return nil, fmt.Errorf("watchserver: no request within %v", Timeout)
 	}
 }
 
