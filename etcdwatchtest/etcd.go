@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,8 +85,9 @@ func StartEtcdIn(dir string, opts ...Option) (*Server, error) {
 //
 // Ports are handed out by the kernel (127.0.0.1:0) and released just
 // before the members bind them, so another socket can take one in between:
-// a start that fails is tried again on fresh ports, up to three times in
-// all, each try in a new directory under dir.
+// a start that fails for a port in use is tried again on fresh ports, up
+// to three times in all, each try in a new directory under dir. Any other
+// failure is returned at once.
 func StartClusterIn(dir string, n int, opts ...Option) ([]*Server, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("etcdwatchtest: a cluster of %d members", n)
@@ -97,22 +99,22 @@ func StartClusterIn(dir string, n int, opts ...Option) ([]*Server, error) {
 			return members, nil
 		}
 		errs = append(errs, err)
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
 	}
 	return nil, errors.Join(errs...)
 }
 
 func startCluster(dir string, n int, opts []Option) ([]*Server, error) {
 	members := make([]*Server, n)
+	urls, err := freeURLs(2 * n)
+	if err != nil {
+		return nil, err
+	}
 	var initial []string
 	for i := range members {
-		client, err := freeURL()
-		if err != nil {
-			return nil, err
-		}
-		peer, err := freeURL()
-		if err != nil {
-			return nil, err
-		}
+		client, peer := urls[2*i], urls[2*i+1]
 		cfg := embed.NewConfig()
 		cfg.Name = fmt.Sprintf("m%d", i)
 		cfg.Dir = filepath.Join(dir, cfg.Name)
@@ -170,23 +172,31 @@ func StopAll(members ...*Server) {
 	}
 }
 
-// freeURL returns a loopback URL on a port the kernel just handed out.
-func freeURL() (url.URL, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return url.URL{}, err
+// freeURLs returns n loopback URLs on distinct ports the kernel just
+// handed out: every listener stays open until all n are chosen, so that
+// none is handed out twice.
+func freeURLs(n int) ([]url.URL, error) {
+	urls := make([]url.URL, n)
+	for i := range urls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		urls[i] = url.URL{Scheme: "http", Host: l.Addr().String()}
 	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}, nil
+	return urls, nil
 }
 
 func waitReady(name string, e *embed.Etcd) error {
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
 		return nil
 	case err := <-e.Err():
 		return fmt.Errorf("etcdwatchtest: member %s failed: %w", name, err)
-	case <-time.After(time.Minute):
+	case <-t.C:
 		return fmt.Errorf("etcdwatchtest: member %s not ready after a minute", name)
 	}
 }
@@ -197,8 +207,7 @@ func (s *Server) running() *embed.Etcd {
 	return s.etcd
 }
 
-// Stop stops the member and waits for it, up to a minute (a member that
-// never joined its cluster may not report that it stopped). Its data and
+// Stop stops the member and returns once it has stopped. Its data and
 // ports are kept for Restart. Stopping a stopped member does nothing.
 func (s *Server) Stop() {
 	s.life.Lock()
@@ -210,17 +219,14 @@ func (s *Server) Stop() {
 	if e == nil {
 		return
 	}
-	e.Close()
-	select {
-	case <-e.Server.StopNotify():
-	case <-time.After(time.Minute):
-	}
+	e.Close() // returns once the server has stopped
 }
 
 // Restart starts a stopped member again on its data and ports, and waits
 // until it serves: in a cluster, until it has rejoined a quorum, which
-// needs a majority of the members running. It fails if the member is
-// running, or if one of its ports has been taken meanwhile.
+// needs a majority of the members running, so restart the members of a
+// cluster stopped whole concurrently, not one after another. It fails if
+// the member is running, or if one of its ports has been taken meanwhile.
 func (s *Server) Restart() error {
 	s.life.Lock()
 	defer s.life.Unlock()

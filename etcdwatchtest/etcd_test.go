@@ -3,8 +3,11 @@ package etcdwatchtest_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -167,4 +170,34 @@ func TestStartClusterIn(t *testing.T) {
 
 	_, err = etcdwatchtest.StartClusterIn(t.TempDir(), 0)
 	require.Error(t, err)
+}
+
+// TestStartClusterInRetriesPortsInUseOnly: a start that fails for a port
+// in use is tried again, three times in all; one that fails otherwise
+// (here a configuration etcd refuses) is not. The Options run once a try.
+// Catches retrying every failure, which made a bad Option cost three
+// starts.
+func TestStartClusterInRetriesPortsInUseOnly(t *testing.T) {
+	t.Run("refused configuration", func(t *testing.T) {
+		tries := 0
+		_, err := etcdwatchtest.StartClusterIn(t.TempDir(), 1, func(c *embed.Config) {
+			tries++
+			c.ElectionMs = c.TickMs
+		})
+		require.Error(t, err)
+		require.Equal(t, 1, tries, "tried again: %v", err)
+	})
+	t.Run("port in use", func(t *testing.T) {
+		taken, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer taken.Close()
+		u := url.URL{Scheme: "http", Host: taken.Addr().String()}
+		tries := 0
+		_, err = etcdwatchtest.StartClusterIn(t.TempDir(), 1, func(c *embed.Config) {
+			tries++
+			c.ListenPeerUrls, c.AdvertisePeerUrls = []url.URL{u}, []url.URL{u}
+		})
+		require.ErrorIs(t, err, syscall.EADDRINUSE)
+		require.Equal(t, 3, tries)
+	})
 }

@@ -1,6 +1,8 @@
 package etcdwatchtest
 
 import (
+	"context"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -18,22 +20,35 @@ import (
 type Proxy struct {
 	target string
 	ln     net.Listener
-	wg     sync.WaitGroup // accept loop and every link's copiers
+	wg     sync.WaitGroup // accept loop, every link's dial and copiers
+	ctx    context.Context
+	stop   context.CancelFunc // at Close: ends dials, delays and the accept loop's backoff
 
 	mu       sync.Mutex
-	links    map[*link]struct{}
+	links    map[*link]struct{} // from accept, before the target is dialed, until either side closes
 	closed   bool
 	refusing bool
 	delay    time.Duration
 	accepted int
+
+	// Set by tests of this package, before any connection: onDelay, if
+	// set, is called when a chunk starts its delay; dial dials the target.
+	onDelay func()
+	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // link is one proxied connection.
 type link struct {
-	client, server net.Conn
-	mu             sync.Mutex
-	blackholed     bool // bytes are read and dropped
+	client net.Conn
+
+	mu         sync.Mutex
+	server     net.Conn // nil while the target is being dialed
+	closed     bool
+	blackholed bool // bytes are read and dropped
 }
+
+// dialTimeout bounds the dial of the target for one accepted connection.
+const dialTimeout = 10 * time.Second
 
 // NewProxy starts a Proxy to target (a host:port, usually a [Server]'s
 // Endpoint) on a port the kernel picks. It fails the test if it cannot
@@ -57,7 +72,8 @@ func ListenProxy(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{target: target, ln: ln, links: map[*link]struct{}{}}
+	p := &Proxy{target: target, ln: ln, links: map[*link]struct{}{}, dial: (&net.Dialer{}).DialContext}
+	p.ctx, p.stop = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.accept() // exits when Close closes the listener
 	return p, nil
@@ -67,7 +83,9 @@ func ListenProxy(target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Cut closes every open connection and returns how many there were. Both
-// ends see the connection closed. New connections are forwarded as before.
+// ends see the connection closed. A connection accepted but whose target
+// is still being dialed counts as open: it is closed too. New connections
+// are forwarded as before.
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -120,69 +138,111 @@ func (p *Proxy) Accepted() int {
 }
 
 // Close stops listening, closes every connection and returns once every
-// goroutine of the proxy has exited. Closing it again does nothing more.
+// goroutine of the proxy has exited, without waiting out a delay
+// (SetDelay) or a dial. Closing it again does nothing more.
 func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.stop()
 	p.ln.Close()
 	p.Cut()
 	p.wg.Wait()
 }
 
+// accept takes each connection and registers its link before dialing the
+// target, so that Cut, Refuse and Blackhole reach a connection whose dial
+// is under way. It exits when Close closes the listener; other Accept
+// errors (out of file descriptors) are waited out.
 func (p *Proxy) accept() {
 	defer p.wg.Done()
+	backoff := time.Duration(0)
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		refusing := p.refusing
-		p.mu.Unlock()
-		if refusing {
-			c.Close()
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if !p.wait(backoff) {
+				return
+			}
 			continue
 		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		l := &link{client: c, server: s}
+		backoff = 0
+		l := &link{client: c}
 		p.mu.Lock()
-		if p.closed { // accepted while Close ran: Cut has already been
+		if p.closed || p.refusing { // closed: accepted while Close ran, after its Cut
 			p.mu.Unlock()
-			l.close()
-			return
+			c.Close()
+			continue
 		}
 		p.links[l] = struct{}{}
-		p.accepted++
 		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.copy(l, s, c) // each copier exits when either side closes
-		go p.copy(l, c, s)
+		p.wg.Add(1)
+		go p.serve(l) // exits once the target is dialed, or the dial failed
 	}
 }
 
-// copy forwards src to dst until either fails, then closes the link.
+// serve dials the target for l, then starts forwarding both ways.
+func (p *Proxy) serve(l *link) {
+	defer p.wg.Done()
+	ctx, cancel := context.WithTimeout(p.ctx, dialTimeout)
+	p.mu.Lock()
+	dial := p.dial
+	p.mu.Unlock()
+	s, err := dial(ctx, "tcp", p.target)
+	cancel()
+	if err != nil || !l.connect(s) {
+		p.drop(l)
+		return
+	}
+	p.mu.Lock()
+	p.accepted++
+	p.mu.Unlock()
+	p.wg.Add(2)
+	go p.copy(l, s, l.client) // each copier exits when either side closes
+	go p.copy(l, l.client, s)
+}
+
+// drop forgets l and closes both its sides.
+func (p *Proxy) drop(l *link) {
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+	l.close()
+}
+
+// wait waits d, and reports false if Close came first.
+func (p *Proxy) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.ctx.Done():
+		return false
+	}
+}
+
+// copy forwards src to dst until either fails, then drops the link.
 func (p *Proxy) copy(l *link, dst, src net.Conn) {
 	defer p.wg.Done()
-	defer func() {
-		p.mu.Lock()
-		delete(p.links, l)
-		p.mu.Unlock()
-		l.close()
-	}()
+	defer p.drop(l)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			delay := p.delay
+			delay, onDelay := p.delay, p.onDelay
 			p.mu.Unlock()
 			if delay > 0 {
-				time.Sleep(delay) // the injected fault itself, not synchronisation
+				if onDelay != nil {
+					onDelay()
+				}
+				if !p.wait(delay) { // the injected fault itself, not synchronisation
+					return
+				}
 			}
 			l.mu.Lock()
 			drop := l.blackholed
@@ -199,7 +259,26 @@ func (p *Proxy) copy(l *link, dst, src net.Conn) {
 	}
 }
 
+// connect gives l the connection to the target, and reports false, closing
+// it, if l was closed while it was dialed.
+func (l *link) connect(s net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		s.Close()
+		return false
+	}
+	l.server = s
+	return true
+}
+
 func (l *link) close() {
+	l.mu.Lock()
+	l.closed = true
+	s := l.server
+	l.mu.Unlock()
 	l.client.Close()
-	l.server.Close()
+	if s != nil {
+		s.Close()
+	}
 }

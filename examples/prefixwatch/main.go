@@ -13,11 +13,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -43,7 +43,7 @@ func main() {
 		eps = strings.Split(*endpoints, ",")
 	}
 	err := run(ctx, os.Stdout, eps, etcdwatch.Prefix(*prefix).FromRevision(*rev), *prevKV)
-	if err != nil && !errors.Is(err, context.Canceled) {
+	if err != nil && ctx.Err() == nil { // after an interrupt, whatever the call in progress says
 		log.Fatal(err)
 	}
 }
@@ -78,7 +78,11 @@ func watch(ctx context.Context, out io.Writer, endpoints []string, req etcdwatch
 	}
 	defer conn.Close()
 
-	stream, err := etcdwatch.Open(conn)
+	// Warnings (an endpoint that cannot be reached, a watch that falls
+	// behind) go to standard error, so that a watch that shows nothing
+	// says why.
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	stream, err := etcdwatch.Open(conn, etcdwatch.WithLogger(logger))
 	if err != nil {
 		return err
 	}

@@ -5,8 +5,8 @@
 // The demo starts an embedded etcd behind a fault proxy and makes the
 // Stream log the two things operators most want to see: the server ending
 // a watch (its start revision was compacted away, which its consumer is
-// told), and a lost connection and its recovery, all at Info. Its standard output is nothing but
-// the log lines:
+// told), and a lost connection and its recovery, all at Info. Its standard
+// output is nothing but the log lines:
 //
 //	go run ./slogjson | jq .
 package main

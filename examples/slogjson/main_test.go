@@ -36,7 +36,7 @@ func TestLines(t *testing.T) {
 	}
 	require.NoError(t, run(ctx, newLogger(&out, noTime)))
 
-	var warn string
+	var endedLine string
 	var lines []map[string]any
 	byMsg := make(map[string]map[string]any)
 	for sc := bufio.NewScanner(&out); sc.Scan(); {
@@ -51,11 +51,11 @@ func TestLines(t *testing.T) {
 			lines = append(lines, line)
 		}
 		if msg == "etcdwatch: server ended the watch" {
-			warn = sc.Text()
+			endedLine = sc.Text()
 		}
 	}
 	require.Equal(t, `{"level":"INFO","msg":"etcdwatch: server ended the watch","stream":"demo",`+
-		`"watch":"keys [\"demo/\", \"demo0\")","id":4294967296,"err":"etcdwatch: watch needs revision 2, compacted up to 4"}`, warn)
+		`"watch":"keys [\"demo/\", \"demo0\")","id":4294967296,"err":"etcdwatch: watch needs revision 2, compacted up to 4"}`, endedLine)
 
 	ended := byMsg["etcdwatch: watch stream ended; reconnecting"]
 	require.NotNil(t, ended, "no line for the cut stream in %v", lines)

@@ -1,0 +1,115 @@
+package etcdwatchtest
+
+import (
+	"context"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// wait bounds every wait of these tests.
+const wait = 10 * time.Second
+
+// sink accepts connections and holds them, unread, until the test ends.
+func sink(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() { // exits when the listener closes
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(wait):
+		t.Fatalf("no %s within %v", what, wait)
+	}
+}
+
+// TestCutReachesAConnectionBeingDialed: Refuse and Cut while the proxy
+// dials the target for a connection it accepted close that connection too:
+// a partition partitions a client caught mid-reconnect. Catches a link
+// registered only once its dial returned, which Cut missed and which then
+// forwarded.
+func TestCutReachesAConnectionBeingDialed(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	dialing, released := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release) // before p.Close, which waits for the dial
+	p.mu.Lock()
+	p.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		close(dialing)
+		<-released
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	p.mu.Unlock()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	await(t, dialing, "dial of the target")
+	p.Refuse(true)
+	require.Equal(t, 1, p.Cut(), "the connection being dialed is open")
+	release()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
+	_, err = c.Read(make([]byte, 1))
+	require.Error(t, err)
+	require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "the connection was not closed")
+	p.Close() // waits for the dial's goroutine
+	require.Zero(t, p.Accepted(), "a cut connection was forwarded")
+}
+
+// TestCloseDoesNotWaitOutADelay: Close returns while a chunk waits out a
+// long SetDelay. Catches a delay slept through, which made Close (and a
+// test's cleanup) last as long as the delay.
+func TestCloseDoesNotWaitOutADelay(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	delaying := make(chan struct{})
+	var once sync.Once
+	p.mu.Lock()
+	p.onDelay = func() { once.Do(func() { close(delaying) }) }
+	p.mu.Unlock()
+	p.SetDelay(time.Hour)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	await(t, delaying, "delay")
+	closed := make(chan struct{})
+	go func() { // exits when Close returns
+		p.Close()
+		close(closed)
+	}()
+	await(t, closed, "return from Close during an hour's delay")
+}
