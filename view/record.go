@@ -154,7 +154,7 @@ func (ed *tableEditor[T]) Append(e *Entry[T]) {
 	r, isWide := recordOf(e)
 	ed.recs.Append(e.Key, r)
 	if isWide {
-		ed.wides.Set(e.Key, wide{err: e.Err, version: e.Version, size: e.size})
+		ed.wides.Append(e.Key, wide{err: e.Err, version: e.Version, size: e.size}) // in key order too
 	}
 }
 
