@@ -12,6 +12,7 @@ require (
 	github.com/etcdwatch/etcdwatch v0.0.0-00010101000000-000000000000
 	github.com/etcdwatch/etcdwatch/clientv3watch v0.0.0-00010101000000-000000000000
 	github.com/etcdwatch/etcdwatch/etcdwatchtest v0.0.0-00010101000000-000000000000
+	github.com/prometheus/client_golang v1.23.2
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	google.golang.org/grpc v1.85.0
@@ -36,7 +37,6 @@ require (
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
-	github.com/prometheus/client_golang v1.23.2 // indirect
 	github.com/prometheus/client_model v0.6.2 // indirect
 	github.com/prometheus/common v0.67.5 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect

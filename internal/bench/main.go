@@ -181,7 +181,9 @@ func runWorkload(w workload) {
 		}
 		for k := range contenders { // rotate the order each repetition
 			c := contenders[(k+rep)%len(contenders)]
+			watchers, streams := serverWatchers()
 			r, err := w.run(c, rep)
+			settle(watchers, streams)
 			if err != nil {
 				fmt.Printf("# %s %s rep %d failed: %v\n", w.name, c.name(), rep, err)
 				continue
