@@ -54,6 +54,9 @@
 //   - Responses for a consumer that is behind may be joined, up to 64
 //     events, always whole revisions in order; clientv3 hands over one
 //     response per server message.
+//   - A final response waits for its reader as long as the watch's
+//     context lives; clientv3 gives up on it after 250 ms and closes the
+//     channel without it.
 //   - RequestProgress is repeated until the server answers (etcd 3.6 and
 //     later ignore a request while a watch on the stream catches up, and
 //     clientv3's is then lost), and at most one is outstanding per stream.
