@@ -36,6 +36,7 @@
 //	etcdwatch_reconnects_total                counter  Stats.Reconnects: gRPC streams replaced after they ended
 //	etcdwatch_watches_moved_total             counter  Stats.Moved: watches re-created on a new stream after a reconnect
 //	etcdwatch_ids_rewritten                   gauge    Stats.IDsRewritten: 1 if the server chose its own watch ids (a gRPC proxy)
+//	etcdwatch_revision                        gauge    Stats.Revision: the highest revision in a response header so far
 //	etcdwatch_last_message_timestamp_seconds  gauge    Stats.LastMessage, Unix time; absent before the first response
 //	etcdwatch_connected                       gauge    State.Connected: 1 while the server answers on the Watch stream
 //	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
@@ -50,11 +51,12 @@
 // usual, etcdwatch_connected == 0 for longer than an outage you tolerate,
 // and rate(etcdwatch_pauses_total[5m]) > 0, a consumer that cannot keep up.
 // On a connection without gRPC keepalive (a clientv3 Client's, unless its
-// Config sets DialKeepAliveTime) a dead connection does not hold
-// etcdwatch_connected at 0: the liveness probe opens new streams on it, so
-// it shows as reconnects climbing and etcdwatch_last_message_timestamp_seconds
-// standing still (a healthy stream hears from the server at least once in
-// two liveness idle periods, 60s by default). Keepalive is the cure.
+// Config sets DialKeepAliveTime) a dead connection is never closed: the
+// liveness probe gives up each silent stream and opens another on it.
+// etcdwatch_connected drops to 0 at the first and stays there until a
+// server answers again, while reconnects climb and
+// etcdwatch_last_message_timestamp_seconds stands still. Keepalive is the
+// cure.
 //
 // The metrics of a view, all prefixed etcdwatch_view_, from view.Stats:
 //
@@ -104,7 +106,7 @@ type Collector struct {
 	creates, stalls, pauses, resumes       *prometheus.Desc
 	responses, events, fragments           *prometheus.Desc
 	duplicates, unknown, reconnects, moved *prometheus.Desc
-	idsRewritten, lastMessage              *prometheus.Desc
+	idsRewritten, revision, lastMessage    *prometheus.Desc
 	connected, stateSince, lastErrorAt     *prometheus.Desc
 }
 
@@ -137,6 +139,7 @@ func New(name string, src Source) *Collector {
 		reconnects:   desc("reconnects_total", "gRPC Watch streams replaced after they ended."),
 		moved:        desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
 		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
+		revision:     desc("revision", "The highest revision in a response header so far: how far the store is known to be."),
 		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
 		connected:    desc("connected", "1 while the server answers on the Watch stream (State.Connected), else 0."),
 		stateSince:   desc("state_since_timestamp_seconds", "When etcdwatch_connected last changed, in Unix time."),
@@ -151,7 +154,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.creates, c.stalls, c.pauses, c.resumes,
 		c.responses, c.events, c.fragments,
 		c.duplicates, c.unknown, c.reconnects, c.moved,
-		c.idsRewritten, c.lastMessage,
+		c.idsRewritten, c.revision, c.lastMessage,
 		c.connected, c.stateSince, c.lastErrorAt,
 	} {
 		ch <- d
@@ -181,6 +184,7 @@ func (c *Collector) send(out sender, st etcdwatch.Stats, state etcdwatch.State) 
 	out.counter(c.reconnects, st.Reconnects)
 	out.counter(c.moved, st.Moved)
 	out.gauge(c.idsRewritten, boolValue(st.IDsRewritten))
+	out.gauge(c.revision, float64(st.Revision))
 	if !st.LastMessage.IsZero() {
 		out.gauge(c.lastMessage, unixSeconds(st.LastMessage))
 	}

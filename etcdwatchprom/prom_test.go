@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func TestEveryField(t *testing.T) {
 		stats: etcdwatch.Stats{
 			Watches: 7, Paused: 2, Created: 9, Stalls: 3, Pauses: 4, Resumes: 5,
 			Responses: 100, Events: 250, Fragments: 6, DuplicatesDropped: 8,
-			UnknownResponses: 10, IDsRewritten: true, Reconnects: 11, Moved: 12,
+			UnknownResponses: 10, IDsRewritten: true, Reconnects: 11, Moved: 12, Revision: 4242,
 			LastMessage: time.Unix(1700000000, 500_000_000),
 		},
 		state: etcdwatch.State{
@@ -89,6 +90,9 @@ etcdwatch_resumes_total{stream="s"} 5
 # HELP etcdwatch_stalls_total Times the stream waited for a consumer at its buffer limit.
 # TYPE etcdwatch_stalls_total counter
 etcdwatch_stalls_total{stream="s"} 3
+# HELP etcdwatch_revision The highest revision in a response header so far: how far the store is known to be.
+# TYPE etcdwatch_revision gauge
+etcdwatch_revision{stream="s"} 4242
 # HELP etcdwatch_state_since_timestamp_seconds When etcdwatch_connected last changed, in Unix time.
 # TYPE etcdwatch_state_since_timestamp_seconds gauge
 etcdwatch_state_since_timestamp_seconds{stream="s"} 1.700000001e+09
@@ -104,7 +108,10 @@ etcdwatch_watches_moved_total{stream="s"} 12
 `
 	c := etcdwatchprom.New("s", src)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want)))
-	require.Equal(t, 18, testutil.CollectAndCount(c))
+	// A metric for each field of Stats and State but State.LastError,
+	// whose text is no label: a field added without one fails here.
+	fields := reflect.TypeFor[etcdwatch.Stats]().NumField() + reflect.TypeFor[etcdwatch.State]().NumField() - 1
+	require.Equal(t, fields, testutil.CollectAndCount(c))
 	lint, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	require.Empty(t, lint)
@@ -112,7 +119,7 @@ etcdwatch_watches_moved_total{stream="s"} 12
 	// Before the first response and the first error, their timestamps are
 	// absent rather than 0 (which would read as 1970).
 	fresh := etcdwatchprom.New("s", fixed{state: etcdwatch.State{Since: time.Unix(1700000001, 0)}})
-	require.Equal(t, 16, testutil.CollectAndCount(fresh))
+	require.Equal(t, fields-2, testutil.CollectAndCount(fresh))
 	require.Zero(t, testutil.CollectAndCount(fresh, "etcdwatch_last_message_timestamp_seconds", "etcdwatch_last_error_timestamp_seconds"))
 }
 

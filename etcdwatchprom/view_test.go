@@ -200,4 +200,23 @@ func TestViewValuesMove(t *testing.T) {
 	require.GreaterOrEqual(t, value("etcdwatch_view_revision"), float64(rev))
 	require.Equal(t, 1.0, value("etcdwatch_view_decode_errors_total"), "a count since the view started")
 	require.Equal(t, 2.0, value("etcdwatch_view_subscribers"))
+
+	// Closed, the view's values stay as they were while its Stream goes on
+	// (a lag that grew would raise the lag alert for a view that is gone).
+	w, err := s.Watch(ctx, etcdwatch.Prefix("w/"))
+	require.NoError(t, err)
+	require.NoError(t, v.Close())
+	lag := value("etcdwatch_view_lag_revisions")
+	for range 3 {
+		rev = put("w/out", "3")
+		for got := int64(0); got < rev; {
+			select {
+			case r := <-w.Responses():
+				got = r.Revision
+			case <-ctx.Done():
+				t.Fatal("the Stream's other watch delivered nothing")
+			}
+		}
+	}
+	require.Equal(t, lag, value("etcdwatch_view_lag_revisions"))
 }

@@ -28,14 +28,17 @@ type Group struct {
 	opts  options
 	base  context.Context         // ends at Close with etcdwatch.ErrClosed: Context's
 	stop  context.CancelCauseFunc // ends base
-	born  time.Time               // when New returned
 
 	mu      sync.Mutex
 	placing []int              // per own Stream: watches placed there whose Stream has not answered yet; guarded by mu
 	pinning []int              // per own Stream: pinned watches placed on its connection, not yet answered; guarded by mu
 	pinned  map[*slot]struct{} // pinned Streams open now; guarded by mu
 	retired etcdwatch.Stats    // the counters of pinned Streams closed, added together; guarded by mu
-	closed  bool               // Close has begun: nothing more opens; guarded by mu
+	// rest is the pinned Streams' State together when none counts (none
+	// open, or all opening), and the last error of those closed; guarded
+	// by mu.
+	rest   etcdwatch.State
+	closed bool // Close has begun: nothing more opens; guarded by mu
 
 	// wg counts the goroutines the group starts: one per pinned Stream,
 	// closing it once its watch ends, and one per part of a multi-part
@@ -160,7 +163,7 @@ func start(conns []grpc.ClientConnInterface, owned []*grpc.ClientConn, o options
 		g.own = append(g.own, sl)
 	}
 	g.base, g.stop = context.WithCancelCause(context.Background())
-	g.born = time.Now()
+	g.rest = etcdwatch.State{Connected: true, Since: time.Now()} // no pinned Stream yet: none is down
 	return g, nil
 }
 
@@ -447,6 +450,7 @@ func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*e
 // a failure; it stays in Stats until its counters are among the retired.
 func (g *Group) retire(sl *slot) {
 	g.mu.Lock()
+	before := g.pinnedState()
 	sl.retiring = true
 	g.mu.Unlock()
 	_ = sl.stream.Close()
@@ -456,6 +460,7 @@ func (g *Group) retire(sl *slot) {
 	defer g.mu.Unlock()
 	delete(g.pinned, sl)
 	g.retired = add(g.retired, st)
+	g.rest = restAfter(g.rest, before, time.Now())
 }
 
 // place chooses the Stream of each request, counts them as being placed

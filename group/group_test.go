@@ -582,3 +582,29 @@ func TestOptions(t *testing.T) {
 		require.Nil(t, g, tc.name)
 	}
 }
+
+// TestPinnedStateOutlivesItsStreams: once its last pinned Stream has
+// closed, the pinned Streams' State reads connected since that Stream was,
+// not since the group began. Catches a Since that went back as pinned
+// Streams closed (etcdwatch_state_since_timestamp_seconds running
+// backwards).
+func TestPinnedStateOutlivesItsStreams(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 1)
+	pinned := func() etcdwatch.State {
+		infos := g.Streams()
+		return infos[len(infos)-1].State
+	}
+	began := pinned()
+	p, err := g.WatchPinned(ctx(t), etcdwatch.Key("p"))
+	require.NoError(t, err)
+	up := pinned()
+	require.True(t, up.Connected)
+	require.True(t, up.Since.After(began.Since), "the pinned Stream came up after the group began")
+	p.Cancel()
+	<-p.Done()
+	require.NoError(t, g.Close()) // waits for the pinned Stream to close
+	after := pinned()
+	require.True(t, after.Connected, "none is down")
+	require.Equal(t, up.Since, after.Since, "connected since the pinned Stream came up")
+}

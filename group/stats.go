@@ -20,7 +20,9 @@ type StreamInfo struct {
 	// every pinned Stream's since New, those closed included.
 	Stats etcdwatch.Stats
 	// State is the Stream's state. For the pinned Streams together, it is
-	// connected while every pinned Stream open now is, and when none is.
+	// connected while every pinned Stream open now is, and when none is;
+	// its Since does not go back as pinned Streams close, and its last
+	// error is the latest of any pinned Stream's, those closed included.
 	State etcdwatch.State
 }
 
@@ -33,23 +35,52 @@ func (g *Group) Streams() []StreamInfo {
 	for _, sl := range g.own {
 		out = append(out, StreamInfo{Name: sl.name, Member: sl.track.where(), Stats: sl.stream.Stats(), State: sl.stream.State()})
 	}
-	pinned := StreamInfo{Name: "pinned", State: etcdwatch.State{Connected: true, Since: g.born}}
+	pinned := StreamInfo{Name: "pinned"}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	pinned.Stats = g.retired
-	first := true
 	for sl := range g.pinned {
 		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
-		st := sl.stream.State()
+	}
+	pinned.State = g.pinnedState()
+	return append(out, pinned)
+}
+
+// pinnedState is the pinned Streams' State together: of those that count
+// (neither retiring nor opening), combined, or rest when none does; its
+// last error is the latest of theirs and of those closed. Called under mu.
+func (g *Group) pinnedState() etcdwatch.State {
+	st, first := g.rest, true
+	for sl := range g.pinned {
+		s := sl.stream.State()
 		switch {
-		case sl.retiring || opening(st):
+		case sl.retiring || opening(s):
 		case first:
-			pinned.State, first = st, false
+			st, first = s, false
 		default:
-			pinned.State = combine(pinned.State, st)
+			st = combine(st, s)
 		}
 	}
-	return append(out, pinned)
+	if g.rest.LastErrorAt.After(st.LastErrorAt) {
+		st.LastError, st.LastErrorAt = g.rest.LastError, g.rest.LastErrorAt
+	}
+	return st
+}
+
+// restAfter is rest once a pinned Stream has closed, the pinned State
+// having been before just before: it keeps the latest error, and reads
+// connected, since before's Since if before was connected, else since now
+// (should none count any more, none is down). While others count, only
+// its error shows.
+func restAfter(rest, before etcdwatch.State, now time.Time) etcdwatch.State {
+	next := etcdwatch.State{Connected: true, Since: now, LastError: rest.LastError, LastErrorAt: rest.LastErrorAt}
+	if before.Connected {
+		next.Since = before.Since
+	}
+	if before.LastErrorAt.After(next.LastErrorAt) {
+		next.LastError, next.LastErrorAt = before.LastError, before.LastErrorAt
+	}
+	return next
 }
 
 // opening: a Stream opened for a pinned watch whose server has not

@@ -41,6 +41,7 @@ type core[T any] struct {
 	done   chan struct{}  // closed by finish
 	err    error          // why the state ended; written before done is closed
 	unmade error          // why the state ended before it was ready; written by finish before it closes ready
+	endLag int64          // Stats.Lag when the state ended, which Stats reports from then on; written before done is closed
 	tasks  sync.WaitGroup // checkLoop and askProgress's requests; start waits for them
 
 	// Between the runner, its tasks and the callers of Sync and
@@ -129,6 +130,7 @@ func (c *core[T]) leave(done chan struct{}) {
 // published, and even so never made ready).
 func (c *core[T]) finish(err error, ready bool) {
 	c.err = err
+	c.endLag = c.lag()
 	c.hist.end()
 	close(c.done)
 	if !ready {
@@ -148,18 +150,34 @@ func (c *core[T]) finish(err error, ready bool) {
 // was made ready. Call after ready is closed.
 func (c *core[T]) failed() error { return c.unmade }
 
-// statsNow is Stats of the state now, without what is a View's own.
+// lag is how far the state is behind its Source's revision.
+func (c *core[T]) lag() int64 {
+	var rev int64
+	if s := c.snap.Load(); s != nil {
+		rev = s.rev
+	}
+	return max(c.src.Stats().Revision-rev, 0)
+}
+
+// statsNow is Stats of the state now, without what is a View's own. Once
+// the state has ended, Lag is what it was then: the Source may go on.
 func (c *core[T]) statsNow() Stats {
 	s := c.snap.Load()
 	if s == nil {
 		s = &Snapshot[T]{}
+	}
+	lag := c.lag()
+	select {
+	case <-c.done:
+		lag = c.endLag
+	default:
 	}
 	held := c.hist.size()
 	return Stats{
 		Keys:                s.Len(),
 		Bytes:               s.bytes,
 		Revision:            s.rev,
-		Lag:                 max(c.src.Stats().Revision-s.rev, 0),
+		Lag:                 lag,
 		Relists:             c.stats.relists.Load(),
 		DecodeErrors:        c.stats.decodeErrors.Load(),
 		IntegrityChecks:     c.stats.checks.Load(),

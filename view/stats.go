@@ -7,7 +7,7 @@ type Stats struct {
 	Keys                int    // keys in the view
 	Bytes               int64  // bytes of those keys and their values as stored
 	Revision            int64  // the view's revision
-	Lag                 int64  // the highest revision the Source has seen minus Revision; a range nobody writes lags until its next bookmark
+	Lag                 int64  // the highest revision the Source has seen minus Revision; a range nobody writes lags until its next bookmark; once the view has ended, what it was then
 	Relists             uint64 // listings after the first: compactions, gaps, repairs
 	Resyncs             uint64 // whole states given to this View's subscribers that fell behind
 	DecodeErrors        uint64 // values the decode function refused
