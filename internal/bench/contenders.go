@@ -220,13 +220,20 @@ func (c clientv3Client) watchOn(ctx context.Context, w clientv3.Watcher, closeFn
 
 // clientv3watchClient is clientv3's application code, unchanged, on the
 // drop-in Watcher: what the one-line switch buys a clientv3 program.
-type clientv3watchClient struct{ opts []etcdwatch.Option }
+type clientv3watchClient struct {
+	opts []etcdwatch.Option
+	// requireLeader and rewatch are clientv3Client's, for the same
+	// application code.
+	requireLeader bool
+	rewatch       time.Duration
+}
 
 func (clientv3watchClient) name() string { return "clientv3watch" }
 
 func (c clientv3watchClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
 	w := clientv3watch.NewFromConn(conn, c.opts...)
-	return clientv3Client{}.watchOn(ctx, w, func() { w.Close() }, specs, out)
+	app := clientv3Client{requireLeader: c.requireLeader, rewatch: c.rewatch}
+	return app.watchOn(ctx, w, func() { w.Close() }, specs, out)
 }
 
 // sleepCtx waits d and reports true, or false if ctx ends first.

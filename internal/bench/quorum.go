@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,13 +100,19 @@ func runQuorum(c contender, rep int) (result, error) {
 
 // requireLeader configures c for runQuorum, watching through addr.
 func requireLeader(c contender, addr string) contender {
-	switch c.(type) {
+	switch c := c.(type) {
 	case rawClient:
 		return rawClient{requireLeader: true, retry: *quorumRetry}
 	case clientv3Client:
 		return clientv3Client{endpoints: []string{addr}, requireLeader: true, rewatch: *quorumRetry}
+	case clientv3watchClient: // the same application code as clientv3's, on the drop-in
+		c.requireLeader, c.rewatch = true, *quorumRetry
+		return c
+	case etcdwatchClient: // with its Handler, if it has one
+		c.opts = append(slices.Clone(c.opts), etcdwatch.WithRequireLeader())
+		return c
 	default:
-		return etcdwatchClient{opts: []etcdwatch.Option{etcdwatch.WithRequireLeader()}}
+		panic(fmt.Sprintf("quorum: no require-leader form of %s", c.name()))
 	}
 }
 

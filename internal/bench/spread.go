@@ -200,11 +200,14 @@ func runSpread(_ []contender, rep int) (map[string]result, error) {
 	out := map[string]result{}
 	for k := range spreadNames { // the order rotates each repetition
 		name := spreadNames[(k+rep)%len(spreadNames)]
+		watchers, streams := serverWatchers()
 		fan, err := spreadFanoutOnce(c, name, rep)
+		settle(watchers, streams)
 		if err != nil {
 			return nil, fmt.Errorf("%s fanout: %w", name, err)
 		}
 		fail, err := spreadFailureOnce(c, name, rep)
+		settle(watchers, streams)
 		if err != nil {
 			return nil, fmt.Errorf("%s member failure: %w", name, err)
 		}

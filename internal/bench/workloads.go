@@ -175,14 +175,18 @@ func runFanout(c contender, rep int) (result, error) {
 	specs := repeat(*fanoutN, spec{key: key})
 	total := int64(len(specs) * *fanoutPuts)
 	lat := make([]int64, total)
+	sent := make([]atomic.Int64, *fanoutPuts) // when each put was sent, by its index, which is its value
 	var got atomic.Int64
 	done := make(chan struct{})
+	// Each event is timed from its own put: a response's n events on the
+	// one key are the last n puts, ending with the one its value names
+	// (the puts go one after another, and the watch loses none).
 	sink := func(_ int, n int, _ int64, value []byte) {
-		sent, _ := strconv.ParseInt(string(value), 10, 64)
-		d := time.Now().UnixNano() - sent
-		for range n {
+		last, _ := strconv.Atoi(string(value))
+		now := time.Now().UnixNano()
+		for k := last - n + 1; k <= last; k++ {
 			if i := got.Add(1); i <= total {
-				lat[i-1] = d
+				lat[i-1] = now - sent[max(k, 0)].Load()
 				if i == total {
 					close(done)
 				}
@@ -197,8 +201,9 @@ func runFanout(c contender, rep int) (result, error) {
 	}
 	defer stop()
 	start := time.Now()
-	for range *fanoutPuts {
-		if _, err := kv.Put(ctx, key, strconv.FormatInt(time.Now().UnixNano(), 10)); err != nil {
+	for k := range *fanoutPuts {
+		sent[k].Store(time.Now().UnixNano())
+		if _, err := kv.Put(ctx, key, strconv.Itoa(k)); err != nil {
 			return nil, err
 		}
 	}
