@@ -26,7 +26,7 @@ run:
 # A randomized mix of faults against a 3-member cluster for $(SOAK), then a
 # check of every watch's whole history; prints a SOAK line with the totals.
 soak:
-	cd internal/e2e && ETCDWATCH_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak$$' -v -timeout 60m . 2>&1 | grep -v '^{"level"'
+	cd internal/e2e && ETCDWATCH_SOAK=$(SOAK) $(GO) test -race -count=1 -run '^TestSoak' -v -timeout 60m . 2>&1 | grep -v '^{"level"'
 
 # raw, clientv3 and etcdwatch side by side; BENCH and RATIO lines. Sizes by
 # flags: make bench ARGS="-reps 5 -create 20000". Go benchmarks of the

@@ -203,13 +203,19 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 		w.createdRev = headerRev
 	}
 	if e.is(fromNow) {
-		// The server starts a "from now" watch just after the revision it
-		// reads before registering it, and reports the revision it reads
-		// after; a write in between makes them differ by one. Taking one
-		// less than the header can only admit that write, never skip it.
+		// The server starts a "from now" watch just after the store's
+		// revision when it registers it, and reports the revision it reads
+		// after that: any number of writes in between (under load, dozens)
+		// make the header run ahead of the start, and their events come
+		// after the created response. The start is not known, so until
+		// the first event or bookmark every event is new (etcd sends none
+		// twice on one stream), and nothing counts as delivered. A resume
+		// meanwhile asks from the header's revision, one below what
+		// clientv3 asks from; the events of writes racing the create that
+		// had not come yet by then are lost with both.
 		e.set(fromNow, false)
+		e.set(unanchored, true)
 		e.rev = max(headerRev-1, 0)
-		w.out.delivered.Store(e.rev)
 	}
 	w.tellCreated(nil)
 }

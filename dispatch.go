@@ -358,7 +358,7 @@ func (d *dispatcher) handleEvents(resp *wireResponse) {
 		return
 	}
 	e := &w.entry
-	events, skipped := newerEvents(d.frags[w], resp.Events, e.rev, e.again())
+	events, skipped := newerEvents(d.frags[w], resp.Events, e.floor(), e.again())
 	d.s.stats.duplicates.Add(uint64(skipped))
 	if resp.Fragment {
 		d.frags[w] = events

@@ -33,6 +33,7 @@ const (
 	authRetried                        // refused for its credentials once; refused again, it ends
 	moving                             // re-created on a new stream after the last one ended, not yet confirmed
 	replay                             // re-created from rev itself: the server sends rev's events a second time
+	unanchored                         // created from now, nothing since: the server's start is unknown, so every event is new
 )
 
 func (e *entry) is(f entryFlags) bool { return e.flags&f != 0 }
@@ -52,12 +53,24 @@ func (e *entry) init(r Request, index int) {
 }
 
 // advance records that every event <= rev has been queued: rev's events,
-// if it asked for them again, have come.
+// if it asked for them again, have come. A watch from now is anchored from
+// then on.
 func (e *entry) advance(rev int64) {
+	e.set(unanchored, false)
 	if rev != e.rev {
 		e.rev = rev
 		e.set(replay, false)
 	}
+}
+
+// floor is the revision at or below which an event on the current stream
+// is a duplicate: rev, but for a watch from now that has had nothing since
+// its creation, whose events are all new (see activate).
+func (e *entry) floor() int64 {
+	if e.is(unanchored) {
+		return 0
+	}
+	return e.rev
 }
 
 // again is the revision whose events the server sends a second time,

@@ -59,7 +59,8 @@ func TestResumeFromNextRevision(t *testing.T) {
 	require.Equal(t, int64(12), c["events"].StartRevision, "after events: last event + 1")
 	require.Equal(t, int64(21), c["marked"].StartRevision, "after a bookmark: bookmark + 1")
 	// A watch from now that saw nothing resumes at its created header: etcd
-	// can place a write racing the create at exactly that revision.
+	// reads it after registering the watch, so writes racing the create
+	// sit at or below it.
 	require.Equal(t, int64(30), c["quiet"].StartRevision)
 	h.srv.Send(t, ws.Events(c["events"].WatchId, 40, ws.Put("events", "old", 11), ws.Put("events", "v", 12)))
 	h.srv.Send(t, ws.Events(c["marked"].WatchId, 40, ws.Put("marked", "v", 21)))
