@@ -64,8 +64,10 @@ func (l *lister) request(at listing) *pb.RangeRequest {
 	return &pb.RangeRequest{Key: l.key, RangeEnd: l.end, Revision: at.rev, KeysOnly: at.keysOnly}
 }
 
-// stream reads the range with one RangeStream call. Its last message carries
-// the header, with the revision every message was read at.
+// stream reads the range with one RangeStream call, and returns the
+// revision it read at: at.rev when pinned, else the header's, which its
+// last message carries. (The header of a pinned read says the store's
+// revision, not the one read at.)
 func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValue) error) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -79,6 +81,9 @@ func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValu
 		if err == io.EOF {
 			if rev == 0 {
 				return 0, status.Error(codes.Internal, "etcdwatch/view: RangeStream ended without a header")
+			}
+			if at.rev > 0 {
+				return at.rev, nil
 			}
 			return rev, nil
 		}
