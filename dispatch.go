@@ -337,6 +337,9 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	var err error = classifyReason(resp.CancelReason)
 	level := slog.LevelWarn
 	if resp.CompactRevision > 0 {
+		if d.compacted(w, id, resp.CompactRevision) {
+			return
+		}
 		// Its consumer gets the *CompactedError, and knows what to do (a
 		// view lists again): worth telling, not warning about.
 		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1}
@@ -344,6 +347,31 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 	}
 	d.log.Log(context.Background(), level, "etcdwatch: server ended the watch", "watch", w.Request().String(), "id", id, "err", err)
 	d.endWatch(w, err)
+}
+
+// compacted handles the server's compaction cancel of w, whose id was id,
+// and reports whether w goes on. etcd keeps a compacted watcher on its
+// stream until the client cancels it, and answers no stream-wide progress
+// request while it is there: so it is canceled. A watch that asked from
+// its own revision (see entry.start) and was compacted just past it needs
+// only what follows, which the compaction kept: it is created again from
+// there, rather than ended with a CompactedError for a revision it has.
+func (d *dispatcher) compacted(w *Watch, id, compactRev int64) bool {
+	d.sendCancel(id)
+	delete(d.frags, w)
+	if d.maxRev < compactRev { // the store has reached it: no create asks for its own revision below it
+		d.maxRev = compactRev
+		storeMax(&d.s.stats.revision, d.maxRev)
+	}
+	e := &w.entry
+	if !e.is(replay) || compactRev > e.rev+1 {
+		return false
+	}
+	e.set(replay, false)
+	e.state = stateCreating
+	d.toCreate.Push(w)
+	d.flushCreates()
+	return true
 }
 
 // handleEvents routes events, fragments and per-watch progress by watch id.

@@ -39,6 +39,38 @@ type progressState struct {
 	held            []*progressWaiter // arrived before the servers' release was known
 	inFlight        bool
 	clock.Stoppable // runs while a request is in flight
+
+	// covers are the requests in flight on this stream, oldest first, each
+	// as the last create id sent before it (dispatcher.nextID then); covered
+	// is the last one answered. See coverage.
+	covers  []int64
+	covered int64
+}
+
+// maxCovers bounds covers while the server answers nothing: a request
+// repeated every WithProgressRetry max for hours keeps the oldest.
+const maxCovers = 8
+
+// sent records a request sent after the creates up to lastCreate.
+func (p *progressState) sent(lastCreate int64) {
+	if len(p.covers) < maxCovers {
+		p.covers = append(p.covers, lastCreate)
+	}
+}
+
+// coverage returns, for an answer, the last create id it covers. A
+// stream-wide answer covers the watches the server had when it took the
+// request, and can reach the client after the created response of a
+// watch created later: one from an old revision is then still catching up
+// below the answer. The answer is taken for the oldest request in flight
+// (the server answers in order, and may drop a request it cannot answer
+// yet), which covers no more than the one actually answered.
+func (p *progressState) coverage() int64 {
+	if len(p.covers) > 0 {
+		p.covered = max(p.covered, p.covers[0])
+		p.covers = p.covers[1:]
+	}
+	return p.covered
 }
 
 // waited reports whether a RequestProgress call waits for an answer.
@@ -70,18 +102,31 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	if d.progressUnsafe != nil {
 		return // an answer to a request sent before the release was known: it may run ahead
 	}
-	for _, w := range d.watches {
-		d.bookmark(w, resp.Header)
-	}
 	p := &d.progress
+	covered, whole := p.coverage(), true
+	for _, w := range d.watches {
+		if w.entry.reqID <= covered { // created before the request: covered by its answer
+			d.bookmark(w, resp.Header)
+		} else {
+			whole = false
+		}
+	}
 	rev := resp.Header.Revision
 	var stay []*progressWaiter
 	for _, w := range p.waiting {
-		if rev < w.minRev {
+		if rev < w.minRev || !whole { // too old, or a watch created since is not covered
 			stay = append(stay, w)
 			continue
 		}
 		w.reply <- progressResult{rev: rev}
+	}
+	if !whole && len(stay) > 0 {
+		// Ask again at once: the next answer covers the watches created
+		// since, as the calls were promised.
+		p.waiting, p.next = append(stay, p.next...), nil
+		p.retry.reset()
+		d.sendProgress()
+		return
 	}
 	joined := len(p.next) > 0
 	p.waiting, p.next = append(stay, p.next...), nil
@@ -128,6 +173,7 @@ func (d *dispatcher) hasWatches() bool {
 func (d *dispatcher) sendProgress() {
 	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
+	p.sent(d.nextID)
 	p.inFlight = true
 	p.Reset(d.clock, p.retry.next())
 }
@@ -159,6 +205,7 @@ func (r *progressRetry) reset() { r.last = 0 }
 // waiting for it wait for the next stream, which starts a new series.
 func (p *progressState) suspend() {
 	p.retry.reset()
+	p.covers = nil // never answered: the new stream's requests cover its creates
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
 	p.inFlight = false

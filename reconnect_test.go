@@ -577,3 +577,41 @@ func TestSilentStreamThatNeverAnsweredDidNotWork(t *testing.T) {
 		return logs.count("INFO etcdwatch: watch stream back down="+(40*time.Second+d).String()) == 1
 	}, "down from the cut")
 }
+
+// TestTrapCompactedJustPastItsRevision: a watch at the store's head is
+// re-created from its own revision r (see entry.start). If the store was
+// written and compacted at r+1 meanwhile, etcd cancels that create as
+// compacted, though everything the watch needs, r+1 on, is there: it is
+// created again from r+1 and goes on. Catches a watch ended with "needs
+// revision r+1, compacted up to r+1".
+func TestTrapCompactedJustPastItsRevision(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(2), c.StartRevision, "at the head: from its own revision")
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	h.srv.Send(t, ws.Compacted(c.WatchId, 3))
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t), "the compacted watcher is canceled on the server")
+	again := h.srv.RecvCreate(t)
+	require.Equal(t, int64(3), again.StartRevision)
+	h.srv.Send(t, ws.Created(again.WatchId, 4))
+	h.srv.Send(t, ws.Events(again.WatchId, 4, ws.Put("a", "w", 4)))
+	require.Equal(t, int64(4), next(t, w).Revision)
+	require.Nil(t, w.Err())
+}
+
+// TestCompactedWatchIsCanceledOnTheServer: etcd keeps a watcher it
+// canceled for a compaction on its stream until the client cancels it,
+// and answers no stream-wide progress request while it is there. Catches
+// a client that never canceled it: RequestProgress then waited for ever.
+func TestCompactedWatchIsCanceledOnTheServer(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a").FromRevision(2), 10)
+	h.srv.Send(t, ws.Compacted(w.ID(), 5))
+	var ce *etcdwatch.CompactedError
+	require.ErrorAs(t, ended(t, w), &ce)
+	require.Equal(t, w.ID(), h.srv.RecvCancel(t))
+}

@@ -521,8 +521,11 @@ func TestStreamProgressReachesEveryWatch(t *testing.T) {
 	for i := range 3 {
 		watches = append(watches, h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10))
 	}
+	got := h.progressAsync() // etcd sends a stream-wide progress only as an answer
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Progress(watches[1].ID(), 40))
 	h.srv.Send(t, ws.Progress(-1, 50))
+	require.Equal(t, int64(50), recvProgress(t, got).rev)
 	for i, w := range watches {
 		r := next(t, w)
 		require.True(t, r.IsProgress())
@@ -925,4 +928,33 @@ func TestCreatedRevision(t *testing.T) {
 	}
 	h.barrier(12)
 	require.Equal(t, int64(9), past.CreatedRevision(), "moved by a re-create")
+}
+
+// TestStreamProgressDoesNotCoverALaterCreate: etcd answers a progress
+// request for the watches it has when it takes it, but the answer can
+// reach the client after the created response of a watch whose create
+// went out after the request. That watch, from an old revision, is still
+// catching up below the answer: it gets no bookmark from it, and its
+// events come. Catches a bookmark at the answer that made the watch drop
+// its catch-up events as duplicates.
+func TestStreamProgressDoesNotCoverALaterCreate(t *testing.T) {
+	h := newHarness(t)
+	a := h.watch(etcdwatch.Key("a"), 10)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	res := h.watchAsync(context.Background(), etcdwatch.Key("b").FromRevision(5))
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 11))
+	b := recvResult(t, res).w
+	h.srv.Send(t, ws.Progress(-1, 11)) // taken before b existed
+	require.Equal(t, int64(11), next(t, a).Revision, "a is covered")
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: the call was promised every watch")
+	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("b", "x", 7)))
+	r := next(t, b)
+	require.False(t, r.IsProgress(), "b was bookmarked at an answer that did not cover it")
+	require.Equal(t, int64(7), r.Events[0].ModRevision)
+	h.srv.Send(t, ws.Progress(-1, 11))
+	require.Equal(t, int64(11), recvProgress(t, got).rev)
+	require.Equal(t, int64(11), next(t, b).Revision)
+	require.Zero(t, h.s.Stats().DuplicatesDropped)
 }

@@ -275,6 +275,7 @@ func TestSyncDuringARelist(t *testing.T) {
 
 	held, release := src.holdNext()
 	h.srv.Send(t, ws.Compacted(c.WatchId, kv.Revision()))
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t), "etcd keeps a compacted watcher until told")
 	<-held // the relist has read the range at L
 	listed := kv.Revision()
 	kv.Put("w/elsewhere", "x")
@@ -298,10 +299,10 @@ func TestSyncDuringARelist(t *testing.T) {
 // batch's. (On a machine slow enough that the second Sync comes after
 // progressGap, both moves have batches and the test shows nothing.)
 func TestRelistedStartsWhereTheSubscriberDoes(t *testing.T) {
-	vh, kv := movedWithoutABatch(t)
+	vh, _ := movedWithoutABatch(t)
 	rev := vh.v.Revision()
 	sub := vh.v.Subscribe(context.Background(), rev)
-	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))
+	vh.compacted()
 	vh.confirm()
 	b := nextBatch(t, sub)
 	require.Equal(t, view.Relisted, b.Kind)

@@ -307,10 +307,14 @@ func TestRestoreAfterCompaction(t *testing.T) {
 	res, id := h.restoring(at+1, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Compacted(id, kv.Revision()))
+	require.Equal(t, id, h.srv.RecvCancel(t))
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, kv.Revision(), c.StartRevision, "a watch from the listing's revision")
 	h.srv.Send(t, ws.Created(c.WatchId, kv.Revision()))
 	h.srv.Send(t, ws.Progress(-1, kv.Revision())) // the request asked before the compaction, still waiting
+	// That answer does not cover the watch created since: asked again.
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
 	v := started(t, res)
 	rev, err := v.Restored()
 	require.NoError(t, err)
@@ -442,7 +446,7 @@ func TestSaveNamesTheClusterOfItsState(t *testing.T) {
 
 	kv.SetClusterID(2)
 	kv.Put("v/b", "2")
-	vh.srv.Send(t, ws.Compacted(vh.id, kv.Revision()))        // a relist: a listing of cluster 2...
+	vh.compacted()                                            // a relist: a listing of cluster 2...
 	vh.isolated().RecvCreate(t)                               // ...and its watch, left unanswered
 	closed := callAsync(func() error { return vh.v.Close() }) // saves the state published
 	require.NoError(t, recv(t, closed, "Close"))
