@@ -251,7 +251,9 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // more) to each of them as a bookmark after those events. R is at least the
 // highest revision the stream had seen when the call began. A paused watch
 // (one whose consumer fell behind) is not covered: it catches up after it
-// resumes.
+// resumes. A watch created while a request was out is: an answer the
+// server computed before it existed bookmarks only the others, and the
+// Stream asks again.
 //
 // It covers every watch, so it waits for the slowest: etcd 3.5.13 and later
 // answer only once every watch on a gRPC stream has caught up, and never
