@@ -244,6 +244,21 @@ func kvs(evs []*clientv3.Event) []string {
 	return out
 }
 
+// big is a value of 400 KiB: a transaction of two such keys, with their
+// previous values, is above a receive limit of 1.5 MiB.
+var big = strings.Repeat("v", 400<<10)
+
+// limited returns a client of e's Watcher with a receive limit of 1.5 MiB,
+// and a write of v to keys a and b in one transaction.
+func limited(t *testing.T, e *env) (*clientv3.Client, func(v string)) {
+	cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 })
+	return cli, func(v string) {
+		t.Helper()
+		_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), v), clientv3.OpPut(e.key("b"), v)).Commit()
+		require.NoError(t, err)
+	}
+}
+
 // TestContract: options, responses, errors, contexts, progress,
 // compaction and Close on one member.
 func TestContract(t *testing.T) {
@@ -440,13 +455,7 @@ var contractCases = []contractCase{
 		}
 	}},
 	{name: "receive limit (Config.MaxCallRecvMsgSize): a larger response ends the watch with ResourceExhausted, no events", run: func(t *testing.T, e *env) {
-		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
-		big := strings.Repeat("v", 400<<10)
-		write := func(v string) {
-			t.Helper()
-			_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), v), clientv3.OpPut(e.key("b"), v)).Commit()
-			require.NoError(t, err)
-		}
+		cli, write := limited(t, e)
 		write(big)
 		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV())
 		write("small") // ~0.8 MiB of previous values: under the limit
@@ -462,13 +471,7 @@ var contractCases = []contractCase{
 		closed(t, ch)
 	}},
 	{name: "receive limit: a Watch after the stream ended gets a new stream, while another watch on the old one has a response unread", run: func(t *testing.T, e *env) {
-		cli := e.client(t, func(c *clientv3.Config) { c.MaxCallRecvMsgSize = 3 << 19 }) // 1.5 MiB
-		big := strings.Repeat("v", 400<<10)
-		write := func(v string) {
-			t.Helper()
-			_, err := cli.Txn(e.ctx).Then(clientv3.OpPut(e.key("a"), v), clientv3.OpPut(e.key("b"), v)).Commit()
-			require.NoError(t, err)
-		}
+		cli, write := limited(t, e)
 		write(big)
 		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV())
 		unread := cli.Watch(e.ctx, e.key("a")) // on the same stream; its consumer never reads
