@@ -120,25 +120,19 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		}
 		w.reply <- progressResult{rev: rev}
 	}
-	if !whole && len(stay) > 0 {
-		// Ask again at once: the next answer covers the watches created
-		// since, as the calls were promised.
-		p.waiting, p.next = append(stay, p.next...), nil
-		p.retry.reset()
-		d.sendProgress()
-		return
-	}
-	joined := len(p.next) > 0
 	p.waiting, p.next = append(stay, p.next...), nil
 	switch {
-	case len(stay) > 0:
+	case len(stay) > 0 && whole:
 		// Too old for some (the member is behind the revision the Stream
 		// had seen): the timer asks again, the series of delays going on,
 		// rather than a request at once after each answer, at round-trip
 		// speed for as long as the member lags.
 		p.inFlight = false
 		p.Reset(d.clock, p.retry.next())
-	case joined: // calls that joined after the request answered: theirs now
+	case len(p.waiting) > 0:
+		// Calls that joined after the request was sent, or calls the
+		// answer did not serve because a watch created since the request
+		// is not covered: the next answer covers them all.
 		p.retry.reset()
 		d.sendProgress()
 	default:

@@ -22,7 +22,7 @@ type Stats struct {
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended
 	Moved             uint64 // watches re-created on a new stream after the last one ended, once it confirmed them
-	Revision          int64  // the highest revision in a response header so far: how far the store is known to be
+	Revision          int64  // how far the store is known to be: the highest revision in a response header so far, or a compaction's revision if higher
 	// LastMessage is when the last response, or the burst of responses
 	// read together with it, arrived; zero before the first.
 	LastMessage time.Time

@@ -36,7 +36,7 @@
 //	etcdwatch_reconnects_total                counter  Stats.Reconnects: gRPC streams replaced after they ended
 //	etcdwatch_watches_moved_total             counter  Stats.Moved: watches re-created on a new stream after a reconnect
 //	etcdwatch_ids_rewritten                   gauge    Stats.IDsRewritten: 1 if the server chose its own watch ids (a gRPC proxy)
-//	etcdwatch_revision                        gauge    Stats.Revision: the highest revision in a response header so far
+//	etcdwatch_revision                        gauge    Stats.Revision: the highest revision the server has reported
 //	etcdwatch_last_message_timestamp_seconds  gauge    Stats.LastMessage, Unix time; absent before the first response
 //	etcdwatch_connected                       gauge    State.Connected: 1 while the server answers on the Watch stream
 //	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
@@ -139,7 +139,7 @@ func New(name string, src Source) *Collector {
 		reconnects:   desc("reconnects_total", "gRPC Watch streams replaced after they ended."),
 		moved:        desc("watches_moved_total", "Watches re-created on a new stream after a reconnect, once it confirmed them."),
 		idsRewritten: desc("ids_rewritten", "1 if the server chose its own watch ids (a gRPC proxy), else 0."),
-		revision:     desc("revision", "The highest revision in a response header so far: how far the store is known to be."),
+		revision:     desc("revision", "How far the store is known to be: the highest revision the server has reported."),
 		lastMessage:  desc("last_message_timestamp_seconds", "When the last response arrived, in Unix time."),
 		connected:    desc("connected", "1 while the server answers on the Watch stream (State.Connected), else 0."),
 		stateSince:   desc("state_since_timestamp_seconds", "When etcdwatch_connected last changed, in Unix time."),

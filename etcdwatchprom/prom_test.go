@@ -90,7 +90,7 @@ etcdwatch_resumes_total{stream="s"} 5
 # HELP etcdwatch_stalls_total Times the stream waited for a consumer at its buffer limit.
 # TYPE etcdwatch_stalls_total counter
 etcdwatch_stalls_total{stream="s"} 3
-# HELP etcdwatch_revision The highest revision in a response header so far: how far the store is known to be.
+# HELP etcdwatch_revision How far the store is known to be: the highest revision the server has reported.
 # TYPE etcdwatch_revision gauge
 etcdwatch_revision{stream="s"} 4242
 # HELP etcdwatch_state_since_timestamp_seconds When etcdwatch_connected last changed, in Unix time.

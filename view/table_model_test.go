@@ -75,6 +75,17 @@ func checkTable(t *testing.T, tb table[[]byte], want map[string]Entry[[]byte]) {
 	}
 }
 
+// requireSame fails t unless got, an Entry the table returned as replaced
+// or deleted, is the one the model held.
+func requireSame(t *testing.T, want, got Entry[[]byte]) {
+	t.Helper()
+	require.Equal(t, want.Key, got.Key)
+	require.Equal(t, want.ModRevision, got.ModRevision)
+	require.Equal(t, want.Version, got.Version)
+	require.Equal(t, want.Err == nil, got.Err == nil)
+	require.Equal(t, want.size, got.size)
+}
+
 // TestTableAgainstAModel: Set, Delete, Append and Map at random, every
 // snapshot checked at the end. Catches a wide left behind or lost as a
 // record turns narrow or wide, and an old Entry misreported.
@@ -97,11 +108,7 @@ func TestTableAgainstAModel(t *testing.T) {
 				w, ok := want[k]
 				require.Equal(t, ok, rep)
 				if ok {
-					require.Equal(t, w.Key, old.Key)
-					require.Equal(t, w.ModRevision, old.ModRevision)
-					require.Equal(t, w.Version, old.Version)
-					require.Equal(t, w.Err == nil, old.Err == nil)
-					require.Equal(t, w.size, old.size)
+					requireSame(t, w, old)
 				}
 				want[k] = e
 			case r < 7:
@@ -110,10 +117,7 @@ func TestTableAgainstAModel(t *testing.T) {
 				w, wok := want[k]
 				require.Equal(t, wok, ok)
 				if ok {
-					require.Equal(t, w.ModRevision, old.ModRevision)
-					require.Equal(t, w.Version, old.Version)
-					require.Equal(t, w.size, old.size)
-					require.Equal(t, w.Err == nil, old.Err == nil)
+					requireSame(t, w, old)
 				}
 				delete(want, k)
 			case r < 9:
