@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/health"
 )
 
 // StreamInfo is one Stream of the group as Streams reports it.
@@ -159,31 +160,9 @@ func add(a, b etcdwatch.Stats) etcdwatch.Stats {
 func combine(a, b etcdwatch.State) etcdwatch.State {
 	st := a
 	st.Connected = a.Connected && b.Connected
-	switch { // Since is when Connected last changed: for the two together,
-	case a.Connected && b.Connected: // when the later came up
-		st.Since = later(a.Since, b.Since)
-	case !a.Connected && !b.Connected: // when the first went down
-		st.Since = earlier(a.Since, b.Since)
-	case !b.Connected: // when it went down; a's, when only a is down
-		st.Since = b.Since
-	}
+	st.Since = health.Since(a.Connected, a.Since, b.Connected, b.Since)
 	if b.LastErrorAt.After(a.LastErrorAt) {
 		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
 	}
 	return st
-}
-
-// later and earlier are the later and the earlier of two times.
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
-func earlier(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }

@@ -1,0 +1,35 @@
+package health
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSince: for every pair of states, in both orders. Catches Since taken
+// as the later of the two whatever they are (a stream coming back moved
+// the start of an outage another stream still had).
+func TestSince(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	type state struct {
+		up    bool
+		since int
+	}
+	for _, tc := range []struct {
+		name string
+		a, b state
+		want int
+	}{
+		{"both up: the later came up", state{true, 1}, state{true, 3}, 3},
+		{"a down, b up since later", state{false, 1}, state{true, 3}, 1},
+		{"a up, b down", state{true, 1}, state{false, 3}, 3},
+		{"a up since later, b down", state{true, 5}, state{false, 3}, 3},
+		{"both down: the first went down", state{false, 4}, state{false, 2}, 2},
+	} {
+		for _, o := range [][2]state{{tc.a, tc.b}, {tc.b, tc.a}} {
+			if got := Since(o[0].up, at(o[0].since), o[1].up, at(o[1].since)); !got.Equal(at(tc.want)) {
+				t.Errorf("%s: since %v, want %v", tc.name, got.Sub(t0), at(tc.want).Sub(t0))
+			}
+		}
+	}
+}
