@@ -2,6 +2,7 @@ package etcdwatch
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -14,10 +15,21 @@ type progressWaiter struct {
 	ctx    context.Context
 	minRev int64               // the highest revision the Stream had seen when the call began; an answer below is too old
 	reply  chan progressResult // buffered 1: the dispatcher never waits on it
+	// needs is the last create id of the watches the call waits for: those
+	// whose creates were sent when it began, confirmed or not. A watch
+	// created since does not hold it up, or creates made one after another
+	// could hold it for ever. It is allCreates while some watch has no
+	// create id on the current stream: a stream's end, after which every
+	// watch is created again with a new id, sets it so until the new
+	// stream has sent them all (resendProgress).
+	needs int64
 }
 
+// allCreates is a progressWaiter's needs once it waits for every watch.
+const allCreates = math.MaxInt64
+
 func newProgressWaiter(ctx context.Context, floor int64) *progressWaiter {
-	return &progressWaiter{ctx: ctx, minRev: floor, reply: make(chan progressResult, 1)}
+	return &progressWaiter{ctx: ctx, minRev: floor, reply: make(chan progressResult, 1), needs: allCreates}
 }
 
 type progressResult struct {
@@ -40,21 +52,32 @@ type progressState struct {
 	inFlight        bool
 	clock.Stoppable // runs while a request is in flight
 
-	// covers are the requests in flight on this stream, oldest first, each
-	// as the last create id sent before it (dispatcher.nextID then); covered
-	// is the last one answered. See coverage.
-	covers  []int64
+	// covers are the requests in flight on this stream, oldest first, in
+	// runs of requests sent after the same last create id; covered is the
+	// last create id an answer covered. See coverage.
+	covers  []coverRun
 	covered int64
 }
 
+// coverRun is n requests in flight, each sent after the create with id
+// last or a later one.
+type coverRun struct {
+	last int64
+	n    int
+}
+
 // maxCovers bounds covers while the server answers nothing: a request
-// repeated every WithProgressRetry max for hours keeps the oldest.
+// repeated every WithProgressRetry max for hours joins the newest run,
+// which then covers no more than its first request did.
 const maxCovers = 8
 
 // sent records a request sent after the creates up to lastCreate.
 func (p *progressState) sent(lastCreate int64) {
-	if len(p.covers) < maxCovers {
-		p.covers = append(p.covers, lastCreate)
+	switch n := len(p.covers); {
+	case n > 0 && (p.covers[n-1].last == lastCreate || n == maxCovers):
+		p.covers[n-1].n++
+	default:
+		p.covers = append(p.covers, coverRun{last: lastCreate, n: 1})
 	}
 }
 
@@ -67,8 +90,11 @@ func (p *progressState) sent(lastCreate int64) {
 // yet), which covers no more than the one actually answered.
 func (p *progressState) coverage() int64 {
 	if len(p.covers) > 0 {
-		p.covered = max(p.covered, p.covers[0])
-		p.covers = p.covers[1:]
+		oldest := &p.covers[0]
+		p.covered = max(p.covered, oldest.last)
+		if oldest.n--; oldest.n == 0 {
+			p.covers = p.covers[1:]
+		}
 	}
 	return p.covered
 }
@@ -79,6 +105,10 @@ func (p *progressState) waited() bool { return len(p.waiting)+len(p.next)+len(p.
 func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	d.stallShared()
 	p.minRev = max(p.minRev, d.maxRev)
+	p.needs = d.nextID
+	if d.sess == nil || d.toCreate.Len() > 0 {
+		p.needs = allCreates // some watches have no create id yet: see resendProgress
+	}
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
@@ -103,26 +133,39 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		return // an answer to a request sent before the release was known: it may run ahead
 	}
 	p := &d.progress
-	covered, whole := p.coverage(), true
+	covered := p.coverage()
+	uncovered := int64(0) // the oldest create id of a watch the answer did not bookmark; 0: none
 	for _, w := range d.watches {
 		if w.entry.reqID <= covered { // created before the request: covered by its answer
 			d.bookmark(w, resp.Header)
-		} else {
-			whole = false
+		} else if uncovered == 0 || w.entry.reqID < uncovered {
+			uncovered = w.entry.reqID
+		}
+	}
+	for w := range d.pending.All() {
+		if w.entry.is(moving) { // active before, created again, not confirmed yet: no bookmark
+			if uncovered == 0 || w.entry.reqID < uncovered {
+				uncovered = w.entry.reqID
+			}
+			break // the oldest such: ids rise in the queue
 		}
 	}
 	rev := resp.Header.Revision
 	var stay []*progressWaiter
+	short := false // some call waits for a watch the answer did not cover
 	for _, w := range p.waiting {
-		if rev < w.minRev || !whole { // too old, or a watch created since is not covered
+		switch {
+		case uncovered != 0 && uncovered <= w.needs:
+			stay, short = append(stay, w), true
+		case rev < w.minRev: // too old for it
 			stay = append(stay, w)
-			continue
+		default:
+			w.reply <- progressResult{rev: rev}
 		}
-		w.reply <- progressResult{rev: rev}
 	}
 	p.waiting, p.next = append(stay, p.next...), nil
 	switch {
-	case len(stay) > 0 && whole:
+	case len(stay) > 0 && !short:
 		// Too old for some (the member is behind the revision the Stream
 		// had seen): the timer asks again, the series of delays going on,
 		// rather than a request at once after each answer, at round-trip
@@ -131,8 +174,8 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		p.Reset(d.clock, p.retry.next())
 	case len(p.waiting) > 0:
 		// Calls that joined after the request was sent, or calls the
-		// answer did not serve because a watch created since the request
-		// is not covered: the next answer covers them all.
+		// answer did not serve because a watch they wait for was created
+		// after the request: the next answer covers them all.
 		p.retry.reset()
 		d.sendProgress()
 	default:
@@ -202,15 +245,27 @@ func (p *progressState) suspend() {
 	p.covers = nil // never answered: the new stream's requests cover its creates
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
+	for _, w := range p.waiting {
+		w.needs = allCreates // its watches are created again, with new ids
+	}
 	p.inFlight = false
 	p.Stop()
 }
 
-// resendProgress asks the new stream for progress on behalf of waiting calls.
+// resendProgress asks the new stream for progress on behalf of waiting
+// calls. Once every watch has its create queued again, they wait for the
+// watches created so far, and no later ones.
 func (d *dispatcher) resendProgress() {
-	if len(d.progress.waiting) > 0 {
-		d.sendProgress()
+	p := &d.progress
+	if len(p.waiting) == 0 {
+		return
 	}
+	if d.toCreate.Len() == 0 {
+		for _, w := range p.waiting {
+			w.needs = min(w.needs, d.nextID)
+		}
+	}
+	d.sendProgress()
 }
 
 // fail answers every waiting call with err.

@@ -246,14 +246,17 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 	return nil, nil
 }
 
-// RequestProgress asks the server for a revision R such that every active
-// watch on the stream has queued all its events <= R, and delivers R (or
-// more) to each of them as a bookmark after those events. R is at least the
-// highest revision the stream had seen when the call began. A paused watch
-// (one whose consumer fell behind) is not covered: it catches up after it
-// resumes. A watch created while a request was out is: an answer the
-// server computed before it existed bookmarks only the others, and the
-// Stream asks again.
+// RequestProgress asks the server for a revision R such that every watch
+// active on the stream when the call began has queued all its events <= R,
+// and delivers R (or more) to each of them as a bookmark after those
+// events. R is at least the highest revision the stream had seen when the
+// call began. A paused watch (one whose consumer fell behind) is not
+// covered: it catches up after it resumes. A watch created again on a new
+// stream meanwhile is, once the new stream confirms it. A watch created
+// during the call is not waited for, so that watches opened one after
+// another cannot hold the call up; it gets the bookmark if the server
+// answered after it existed (an answer computed before never bookmarks
+// it, since a watch from a past revision may still be catching up below).
 //
 // It covers every watch, so it waits for the slowest: etcd 3.5.13 and later
 // answer only once every watch on a gRPC stream has caught up, and never

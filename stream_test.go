@@ -940,7 +940,9 @@ func TestCreatedRevision(t *testing.T) {
 // went out after the request. That watch, from an old revision, is still
 // catching up below the answer: it gets no bookmark from it, and its
 // events come. Catches a bookmark at the answer that made the watch drop
-// its catch-up events as duplicates.
+// its catch-up events as duplicates. The call, which began before the
+// watch was created, has its answer: it waits for the watches it began
+// with, not for those created since.
 func TestStreamProgressDoesNotCoverALaterCreate(t *testing.T) {
 	h := newHarness(t)
 	a := h.watch(etcdwatch.Key("a"), 10)
@@ -952,13 +954,136 @@ func TestStreamProgressDoesNotCoverALaterCreate(t *testing.T) {
 	b := recvResult(t, res).w
 	h.srv.Send(t, ws.Progress(-1, 11)) // taken before b existed
 	require.Equal(t, int64(11), next(t, a).Revision, "a is covered")
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: the call was promised every watch")
+	require.Equal(t, int64(11), recvProgress(t, got).rev)
 	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("b", "x", 7)))
 	r := next(t, b)
 	require.False(t, r.IsProgress(), "b was bookmarked at an answer that did not cover it")
 	require.Equal(t, int64(7), r.Events[0].ModRevision)
+	got = h.progressAsync() // a call made now waits for b too
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Progress(-1, 11))
 	require.Equal(t, int64(11), recvProgress(t, got).rev)
 	require.Equal(t, int64(11), next(t, b).Revision)
+	require.Zero(t, h.s.Stats().DuplicatesDropped)
+}
+
+// TestProgressWaitsForAWatchCreatedAgain: RequestProgress is waiting when
+// the stream ends; on the next one the watch is created again and the
+// request asked again, and the answer comes before the created response
+// (etcd's sender picks either first). The watch is not bookmarked by that
+// answer, so the call asks again and returns once an answer reaches the
+// watch too. Catches a call answered while a watch it began with had no
+// bookmark.
+func TestProgressWaitsForAWatchCreatedAgain(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk)) // a clock that does not move: no request is asked again by the timer
+	a := h.watch(etcdwatch.Key("a"), 10)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // it worked: the next at once
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again on the new stream")
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: a was not bookmarked")
+	h.srv.Send(t, ws.Created(c.WatchId, 10))
+	h.await(func() bool { return h.s.Stats().Moved == 1 })
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %v before a had a bookmark", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
+	r := next(t, a)
+	require.True(t, r.IsProgress())
+	require.Equal(t, int64(10), r.Revision)
+}
+
+// TestProgressNotHeldByLaterCreates: a watch is opened between each
+// progress request and its answer, so that no answer covers every watch.
+// Each answer covers the one the call began with, so the first returns it.
+// Catches a call held for as long as watches are being created.
+func TestProgressNotHeldByLaterCreates(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("a"), 10)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.watch(etcdwatch.Key("b"), 10)
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
+}
+
+// TestProgressAfterAStreamEndNotHeldByLaterCreates: a call that waited
+// across a stream's end waits, on the next stream, for the watches created
+// again there, and not for one created after them. Catches a call held
+// for as long as watches are being created, once its stream was replaced.
+func TestProgressAfterAStreamEndNotHeldByLaterCreates(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk)) // a clock that does not move: no request is asked again by the timer
+	h.watch(etcdwatch.Key("a"), 10)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // it worked: the next at once
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Created(c.WatchId, 10))
+	h.watch(etcdwatch.Key("b"), 10) // after the request
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
+}
+
+// TestProgressRequestsPastTheRecordedLimit: more requests go out
+// unanswered than the Stream records apart (8: the retry timer asks again,
+// a watch created before each), a watch from an old revision is created
+// after them all, and the server answers them in order. No answer to a
+// request sent before that create may bookmark the watch. Catches the
+// answers to requests past the limit, unrecorded, taken for later ones':
+// the watch was bookmarked at 11 and its catch-up event at 7 dropped as a
+// duplicate.
+func TestProgressRequestsPastTheRecordedLimit(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond, 5*time.Millisecond))
+	h.watch(etcdwatch.Key("a"), 10)
+	first := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	const unanswered = 10
+	for i := range unanswered - 1 { // each after a create of its own, asked again by the timer
+		h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10)
+		awaitArmed(t, clk, 5*time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	}
+	res := h.watchAsync(context.Background(), etcdwatch.Key("b").FromRevision(5))
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 11))
+	b := recvResult(t, res).w
+	got := h.progressAsync() // waits for b: every answer below asks again
+	h.handledAll()
+	for i := range unanswered {
+		h.srv.Send(t, ws.Progress(-1, 11))
+		h.handledAll()
+		select {
+		case r := <-got:
+			t.Fatalf("the answer to request %d, sent before b's create, was taken to cover b (returned %v)", i+1, r)
+		default:
+		}
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	}
+	require.Equal(t, int64(11), recvProgress(t, first).rev, "the first call began before the watches after a")
+	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("b", "x", 7)))
+	h.srv.Send(t, ws.Events(c.WatchId, 12, ws.Put("b", "y", 12)))
+	var revs []int64
+	for len(revs) == 0 || revs[len(revs)-1] < 12 {
+		r := next(t, b)
+		require.False(t, r.IsProgress(), "b bookmarked at %d, before its catch-up", r.Revision)
+		for _, e := range r.Events {
+			revs = append(revs, e.ModRevision)
+		}
+	}
+	require.Equal(t, []int64{7, 12}, revs)
+	h.srv.Send(t, ws.Progress(-1, 12)) // the answer to the request sent after b's create
+	require.Equal(t, int64(12), recvProgress(t, got).rev)
 	require.Zero(t, h.s.Stats().DuplicatesDropped)
 }

@@ -76,12 +76,12 @@ func (w *Watch) Err() error { return w.out.errIfOver() }
 // has just received, never lead it; Response.Revision is exact.
 func (w *Watch) Revision() int64 { return w.out.delivered.Load() }
 
-// RequestProgress asks the server for a revision R such that every active
-// watch on w's lane has queued all its events <= R, and delivers R to each
-// of them as a bookmark after those events, as Stream.RequestProgress does
-// for every lane: for an isolated watch (Request.Isolated), only the
-// isolated watches, so that no other watch of the Stream can hold the
-// answer up. Calls on a lane share its requests.
+// RequestProgress asks the server for a revision R such that every watch
+// active on w's lane when the call began has queued all its events <= R,
+// and delivers R to each of them as a bookmark after those events, as
+// Stream.RequestProgress does for every lane: for an isolated watch
+// (Request.Isolated), only the isolated watches, so that no other watch of
+// the Stream can hold the answer up. Calls on a lane share its requests.
 func (w *Watch) RequestProgress(ctx context.Context) (int64, error) {
 	if err := context.Cause(ctx); err != nil {
 		return 0, err // ended already: ask the server nothing
