@@ -26,7 +26,7 @@ type delivery struct {
 	pumping bool  // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
 	behind  bool  // the backlog reached the limit: the pump reports when it is down to half
 	ended   bool  // no more pushes are taken
-	dropped bool  // the backlog was thrown away
+	dropped bool  // the backlog was thrown away: no more pushes are taken
 	more    *more // nil until first needed; never nil once ended
 }
 
@@ -105,7 +105,7 @@ func joinable(q, r Response) bool {
 func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.ended {
+	if o.ended || o.dropped {
 		return false, false
 	}
 	if !o.pumping && o.to == nil {
@@ -165,13 +165,17 @@ func (o *delivery) next(took load, limit bufferLimit) (r Response, ok, caughtUp 
 }
 
 // giveUp ends the pump's run without delivering the backlog, closing the
-// channel if the watch has ended (else finish or abort will).
+// channel if the watch has ended (else finish or abort will). Nothing
+// more is taken: what would come next follows what was dropped, and the
+// consumer would get it after a gap (the dispatcher may still hand out a
+// few responses at Close before it ends the watches).
 func (o *delivery) giveUp() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.more.queue.Reset()
 	o.more.queued = load{}
 	o.pumping = false
+	o.dropped = true
 	if o.ended {
 		o.closeOut()
 	}
