@@ -35,11 +35,12 @@ bench:
 	cd internal/bench && $(GO) run . $(ARGS) 2>&1 | grep -v '^{"level"'
 
 # Each fuzzer in turn, $(FUZZTIME) each: response sequences, the codec
-# against generic protobuf both ways, the views' copy-on-write map
+# against generic protobuf both ways (and against responses the generated
+# code writes, with unknown fields and merges), the views' copy-on-write map
 # against a plain map (every old snapshot unchanged), and the loader of
 # saved view states (what it accepts re-encodes byte for byte).
 fuzz:
-	@set -e; for f in FuzzDispatcher FuzzDecode FuzzEncode; do \
+	@set -e; for f in FuzzDispatcher FuzzDecode FuzzDecodeAgreesWithProtobuf FuzzEncode; do \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) .; \
 	done
 	$(GO) test -run '^$$' -fuzz '^FuzzMap$$' -fuzztime $(FUZZTIME) ./internal/cow
