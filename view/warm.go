@@ -165,7 +165,12 @@ func (r *runner[T]) restore() (bool, error) {
 		return false, nil
 	}
 	if h.revision < current {
-		compacted, err := r.list.compacted(r.ctx, h.revision+1)
+		// Compacted at the revision after the saved one counts too,
+		// though a watch from there is allowed: etcd before the fix of
+		// #18089 (3.4.23 among them) leaves a delete at the compaction
+		// revision out of what such a watch replays, and the catch-up
+		// would wait for ever for the state the server vouches for.
+		compacted, err := r.list.compacted(r.ctx, h.revision)
 		if err != nil {
 			r.refuse(fmt.Errorf("reading whether its history since is compacted: %w", err))
 			return false, nil
@@ -206,11 +211,13 @@ func (r *runner[T]) restore() (bool, error) {
 	return r.catchUp(h.revision, vouched)
 }
 
-// openSaved opens the saved state given, and returns what closes it.
+// openSaved opens the saved state given, and returns what closes it (for
+// WithRestore's reader, what reads the rest of it).
 func (r *runner[T]) openSaved() (io.Reader, func(), error) {
 	path := r.opts.warm.path
 	if path == "" {
-		return r.opts.warm.from, func() {}, nil
+		from := r.opts.warm.from
+		return from, func() { io.Copy(io.Discard, from) }, nil // read to its end, as WithRestore says, also when refused early
 	}
 	f, err := os.Open(path) // gone since restore looked: refused as any other failure to read it
 	if err != nil {

@@ -3,6 +3,8 @@ package view_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -154,7 +156,7 @@ func TestRestoreCatchesUpInOneBatch(t *testing.T) {
 	reqs := kv.Requests()[before:]
 	require.Len(t, reqs, 2, "one Range for the cluster's ID and revision, one to see the changes since are there; no listing")
 	require.True(t, reqs[0].CountOnly && reqs[1].CountOnly)
-	require.Equal(t, at+1, reqs[1].Revision)
+	require.Equal(t, at, reqs[1].Revision, "the saved revision is not compacted (a compaction just past it counts: etcd #18089)")
 	require.Equal(t, []string{"v/new", "v/re", "v/same", "v/upd"}, viewKeys(v))
 	e, _ := v.Get("v/upd")
 	require.Equal(t, "2", string(e.Value))
@@ -225,7 +227,7 @@ func TestRestoreWhenNothingChanged(t *testing.T) {
 }
 
 // TestRestoreFindsItCompacted: when the changes since the saved revision
-// are compacted (a Range at the revision after it is out of range), the
+// are compacted (a Range at the saved revision is out of range), the
 // view lists its range against the saved state, read beside the listing,
 // and its first batch is a Relisted one holding exactly the difference;
 // then it watches from the listing. A saved state found corrupt on the
@@ -721,4 +723,42 @@ func TestWarmOptions(t *testing.T) {
 		require.Nil(t, v)
 	}
 	require.Len(t, h.server.KV().Requests(), before, "nothing sent")
+}
+
+// TestRestoreReadsItsReaderToTheEnd: WithRestore reads its reader to the
+// end, as its doc says, also when the state is refused at its header.
+// Catches a refusal that left a reader (a pipe, a response body) read only
+// as far as the first buffer.
+func TestRestoreReadsItsReaderToTheEnd(t *testing.T) {
+	h, _ := loggedHarness(t, ws.Start(t))
+	kv := h.server.KV()
+	value := strings.Repeat("x", 1<<10)
+	for i := range 600 {
+		kv.Put(fmt.Sprintf("v/s%03d", i), value)
+	}
+	saved, _ := savedState(t, h, etcdwatch.Prefix("v/s"))
+	require.Greater(t, len(saved), 256<<10, "more than the first buffer holds")
+	r := &countingReader{r: bytes.NewReader(saved)}
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), view.DecodeBytes, view.WithRestore(r))
+	vh := &viewHarness[[]byte]{harness: h, kv: kv}
+	vh.confirm()
+	h.settle()
+	got := recv(t, res, "view.New")
+	require.NoError(t, got.err)
+	t.Cleanup(func() { got.v.Close() })
+	_, err := got.v.Restored()
+	require.ErrorIs(t, err, view.ErrSavedRange)
+	require.Equal(t, len(saved), r.n, "read to its end")
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

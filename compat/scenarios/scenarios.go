@@ -47,6 +47,7 @@ var All = []Scenario{
 	{"Fragments", fragments},
 	{"ViewList", viewList},
 	{"ViewRelist", viewRelist},
+	{"ViewRestoreAtCompaction", viewRestoreAtCompaction},
 	{"ViewSync", viewSync},
 }
 
