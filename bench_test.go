@@ -72,7 +72,8 @@ func BenchmarkDeliver(b *testing.B) {
 }
 
 // BenchmarkCreate measures opening watches on one stream: from 64
-// goroutines calling Watch, and by WatchAll calls of 1,000 watches.
+// goroutines calling Watch, from a goroutine each, and by WatchAll calls of
+// 1,000 watches.
 func BenchmarkCreate(b *testing.B) {
 	b.Run("Watch-64-goroutines", func(b *testing.B) {
 		s := confirmingStream(b)
@@ -91,6 +92,21 @@ func BenchmarkCreate(b *testing.B) {
 			next <- i
 		}
 		close(next)
+		wg.Wait()
+	})
+	b.Run("Watch-goroutine-each", func(b *testing.B) {
+		// As an application that starts a goroutine per watch: each call
+		// runs on a fresh goroutine's stack, which grows if the call needs
+		// more than its first 2 KiB.
+		s := confirmingStream(b)
+		var wg sync.WaitGroup
+		for i := range b.N {
+			wg.Go(func() {
+				if _, err := s.Watch(context.Background(), etcdwatch.Key(fmt.Sprint("k", i))); err != nil {
+					b.Error(err)
+				}
+			})
+		}
 		wg.Wait()
 	})
 	b.Run("WatchAll-1000", func(b *testing.B) {
