@@ -2,9 +2,11 @@ package etcdwatch_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -138,4 +140,25 @@ func TestOpeningIsolatedLaneKeepsTheStreamConnected(t *testing.T) {
 	require.True(t, h.s.State().Connected)
 	iso.Close(status.Error(codes.Unavailable, "member going away"))
 	h.await(func() bool { return !h.s.State().Connected })
+}
+
+// TestProgressLeavesOutALaneThatFailed: the main gRPC stream fails for good
+// (a response above the receive limit), ending its watches; the isolated
+// one goes on. Stream.RequestProgress answers for the isolated watches, as
+// it would for a lane without watches. Catches the Stream's progress
+// failing for ever with the main lane's error.
+func TestProgressLeavesOutALaneThatFailed(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	main := h.watch(etcdwatch.Key("m"), 5)
+	v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	h.srv.Send(t, ws.Events(main.ID(), 6, ws.Put("m", strings.Repeat("x", 2<<10), 6)))
+	require.ErrorIs(t, ended(t, main), etcdwatch.ErrStreamFailed)
+
+	got := h.progressAsync()
+	require.NotNil(t, iso.Recv(t).GetProgressRequest())
+	iso.Send(t, ws.Progress(-1, 9))
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(9), r.rev)
+	require.True(t, next(t, v).IsProgress())
 }

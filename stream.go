@@ -264,7 +264,9 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // (WithProgressRetry) until answered or ctx ends: bound ctx. Watch's
 // RequestProgress asks for a watch's own lane only, which for an isolated
 // watch waits for none of the others. It returns ErrNoWatches when the
-// stream has no watch the server could answer for.
+// stream has no watch the server could answer for, and the stream's
+// failure (ErrStreamFailed) once it has failed for good; an isolated lane
+// that failed for good, whose watches all ended, is left out.
 //
 // On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7 (etcd #15220), whose answers can
 // run ahead of events, it returns ErrProgressUnsupported: the Stream asks
@@ -281,20 +283,26 @@ func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 		l.command(progressCmd{ps[i]})
 	}
 	rev, answered := int64(0), false
+	var failed error
 	for i, l := range lanes {
 		r := l.await(ctx, ps[i])
 		switch {
 		case errors.Is(r.err, ErrNoWatches): // a lane the server has nothing to answer for
+		case errors.Is(r.err, ErrStreamFailed): // nor one that failed for good: its watches ended
+			failed = r.err
 		case r.err != nil:
 			return 0, r.err
 		case !answered || r.rev < rev:
 			rev, answered = r.rev, true
 		}
 	}
-	if !answered {
-		return 0, ErrNoWatches
+	switch {
+	case answered:
+		return rev, nil
+	case failed != nil:
+		return 0, failed
 	}
-	return rev, nil
+	return 0, ErrNoWatches
 }
 
 // Stats returns a snapshot of the stream's counters.

@@ -552,7 +552,9 @@ func healthy(st etcdwatch.State) bool { return st.Connected || st.LastError == n
 // had seen when called: a Stream whose member answers below it (a member
 // behind the others) is asked again, after 10ms, then twice as long up to
 // 250ms, until it answers at or above it or ctx ends. A Stream without
-// watches is not waited for; ErrNoWatches if no Stream has any.
+// watches is not waited for, nor one that failed for good (its watches
+// ended with it); ErrNoWatches if no Stream has any, or that failure if
+// the only Streams with watches failed.
 //
 // It waits for the slowest Stream, as a Stream waits for its slowest
 // watch: bound ctx. A view's watch, on a Stream of its own, asks its own
@@ -587,22 +589,30 @@ func (g *Group) RequestProgress(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	rev, answered := int64(0), false
+	var failed error
 	for i, r := range revs {
-		if errs[i] == nil && (!answered || r < rev) {
+		switch {
+		case errors.Is(errs[i], etcdwatch.ErrStreamFailed):
+			failed = errs[i]
+		case errs[i] == nil && (!answered || r < rev):
 			rev, answered = r, true
 		}
 	}
-	if !answered {
-		return 0, etcdwatch.ErrNoWatches
+	switch {
+	case answered:
+		return rev, nil
+	case failed != nil: // every Stream with watches failed for good
+		return 0, failed
 	}
-	return rev, nil
+	return 0, etcdwatch.ErrNoWatches
 }
 
 // excused reports whether RequestProgress may leave out sl's failure err:
-// a Stream the server has nothing to answer for, or a pinned one whose
-// watch ended meanwhile.
+// a Stream the server has nothing to answer for, one that failed for good
+// (its watches ended with it), or a pinned one whose watch ended meanwhile.
 func (g *Group) excused(sl *slot, err error) bool {
-	return errors.Is(err, etcdwatch.ErrNoWatches) || (errors.Is(err, etcdwatch.ErrClosed) && g.unpinned(sl))
+	return errors.Is(err, etcdwatch.ErrNoWatches) || errors.Is(err, etcdwatch.ErrStreamFailed) ||
+		(errors.Is(err, etcdwatch.ErrClosed) && g.unpinned(sl))
 }
 
 // unpinned reports whether ErrClosed from sl's Stream means that its

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -607,4 +609,31 @@ func TestPinnedStateOutlivesItsStreams(t *testing.T) {
 	after := pinned()
 	require.True(t, after.Connected, "none is down")
 	require.Equal(t, up.Since, after.Since, "connected since the pinned Stream came up")
+}
+
+// TestRequestProgressLeavesOutAFailedStream: a Stream of the group that
+// failed for good (a response above its receive limit) has no watch left,
+// and the group's RequestProgress answers for the watches on the others,
+// as it does for a Stream without watches. Catches every later call
+// failing with the dead Stream's error.
+func TestRequestProgressLeavesOutAFailedStream(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
+	watches, m := f.mapping(t, g, "a", 2)
+	fs := f.stream(m[0])
+	fs.st.Send(t, ws.Events(watches[0].ID(), 6, ws.Put("a0", strings.Repeat("x", 64<<10), 6)))
+	select {
+	case <-watches[0].Done():
+	case <-timeout():
+		t.Fatal("the watch did not end")
+	}
+	require.ErrorIs(t, watches[0].Err(), etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.ResourceExhausted, status.Code(watches[0].Err()))
+	require.EqualValues(t, 1, g.Stats().Watches)
+	f.answer(m[1], 100)
+	for range 2 {
+		rev, err := g.RequestProgress(ctx(t))
+		require.NoError(t, err)
+		require.EqualValues(t, 100, rev)
+	}
 }
