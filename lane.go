@@ -102,7 +102,7 @@ func (l *lane) await(ctx context.Context, p *progressWaiter) progressResult {
 // combine is the State of a Stream with lanes a and b: connected while
 // both are, since that last changed, and the later error.
 func combine(a, b State) State {
-	st := a
+	st := a // Failed: the main stream's (a's)
 	st.Connected = a.Connected && b.Connected
 	st.Since = health.Since(a.Connected, a.Since, b.Connected, b.Since)
 	if b.LastErrorAt.After(a.LastErrorAt) {

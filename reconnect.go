@@ -55,6 +55,7 @@ func (d *dispatcher) handleSessionEnd() {
 	if !d.retryable(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
+		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
 		d.outbox = nil
 		d.endAll(d.failed)
 		return

@@ -489,15 +489,18 @@ func TestConnectivityOfAWrappedConnection(t *testing.T) {
 // TestReceiveLimitIsKept: a grpc.MaxCallRecvMsgSize given with
 // WithCallOptions bounds the responses the Stream takes. A revision above
 // it ends the watches with ResourceExhausted, as clientv3's do, rather
-// than being fetched again on a new stream, and again, for ever.
+// than being fetched again on a new stream, and again, for ever; State's
+// Failed says so.
 func TestReceiveLimitIsKept(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
 	w := h.watch(etcdwatch.Key("a"), 1)
+	require.NoError(t, h.s.State().Failed)
 	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", strings.Repeat("v", 2<<10), 2)))
 	err := ended(t, w)
 	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
 	require.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
 	require.Zero(t, h.s.Stats().Reconnects, "the same revision was asked for again")
+	require.Equal(t, err, h.s.State().Failed, "State says the Stream failed for good, and why")
 }
 
 // TestCreatesQueuedBetweenStreamsAfterAProxy: after a stream given up as

@@ -26,6 +26,12 @@ type State struct {
 	LastError error
 	// LastErrorAt is when LastError happened.
 	LastErrorAt time.Time
+	// Failed is why the Stream's Watch stream failed for good (it wraps
+	// ErrStreamFailed): its watches have ended, Watch refuses new ones
+	// (but isolated ones, which have a stream of their own) and no new
+	// stream is tried. Nil while the Stream can watch: a failure a new
+	// stream may overcome is only LastError.
+	Failed error
 }
 
 // stateBox holds a Stream's State. The dispatcher writes whether the server
@@ -69,6 +75,13 @@ func (b *stateBox) ended(err error, answered bool, now time.Time) {
 		b.st.Connected, b.st.Since = false, now
 	}
 	b.st.LastError, b.st.LastErrorAt = err, now
+}
+
+// dead records err, with which the stream failed for good.
+func (b *stateBox) dead(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.st.Failed = err
 }
 
 // failed records err, which ended a stream or kept one from opening, and

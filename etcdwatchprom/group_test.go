@@ -59,7 +59,7 @@ etcdwatch_connected{stream="w/pinned"} 1
 # TYPE etcdwatch_member_info gauge
 etcdwatch_member_info{member="10.0.0.1:2379",stream="w/0"} 1
 `), "etcdwatch_events_total", "etcdwatch_watches_moved_total", "etcdwatch_connected", "etcdwatch_member_info"))
-	require.Equal(t, 3*17+1, testutil.CollectAndCount(c)) // 17 metrics each without timestamps not yet set, and one member
+	require.Equal(t, 3*18+1, testutil.CollectAndCount(c)) // 18 metrics each without timestamps not yet set, and one member
 	lint, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	require.Empty(t, lint)

@@ -41,14 +41,16 @@
 //	etcdwatch_connected                       gauge    State.Connected: 1 while the server answers on the Watch stream
 //	etcdwatch_state_since_timestamp_seconds   gauge    State.Since: when etcdwatch_connected last changed, Unix time
 //	etcdwatch_last_error_timestamp_seconds    gauge    State.LastErrorAt, Unix time; absent before the first error
+//	etcdwatch_failed                          gauge    State.Failed: 1 once the Watch stream failed for good; replace the Stream
 //	etcdwatch_member_info                     gauge    a group's Streams only: 1, labelled member with the address of the member its Watch RPC is on (group.StreamInfo.Member); absent while on none
 //
-// The last error itself is not exported: its text varies without bound,
-// which a label must not. Log it (etcdwatch.WithLogger) or show State in a
-// health check instead.
+// The last error itself, and why a stream failed, are not exported: their
+// text varies without bound, which a label must not. Log them
+// (etcdwatch.WithLogger) or show State in a health check instead.
 //
-// Alerts worth having: rate(etcdwatch_reconnects_total[5m]) above the
-// usual, etcdwatch_connected == 0 for longer than an outage you tolerate,
+// Alerts worth having: etcdwatch_failed == 1 (nothing comes back without
+// a new Stream), rate(etcdwatch_reconnects_total[5m]) above the usual,
+// etcdwatch_connected == 0 for longer than an outage you tolerate,
 // and rate(etcdwatch_pauses_total[5m]) > 0, a consumer that cannot keep up.
 // On a connection without gRPC keepalive (a clientv3 Client's, unless its
 // Config sets DialKeepAliveTime) a dead connection is never closed: the
@@ -108,6 +110,7 @@ type Collector struct {
 	duplicates, unknown, reconnects, moved *prometheus.Desc
 	idsRewritten, revision, lastMessage    *prometheus.Desc
 	connected, stateSince, lastErrorAt     *prometheus.Desc
+	failed                                 *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -144,6 +147,7 @@ func New(name string, src Source) *Collector {
 		connected:    desc("connected", "1 while the server answers on the Watch stream (State.Connected), else 0."),
 		stateSince:   desc("state_since_timestamp_seconds", "When etcdwatch_connected last changed, in Unix time."),
 		lastErrorAt:  desc("last_error_timestamp_seconds", "When the last error ended a Watch stream or kept one from opening, in Unix time."),
+		failed:       desc("failed", "1 once the Watch stream failed for good (State.Failed): its watches ended, new ones are refused; else 0."),
 	}
 }
 
@@ -155,7 +159,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.responses, c.events, c.fragments,
 		c.duplicates, c.unknown, c.reconnects, c.moved,
 		c.idsRewritten, c.revision, c.lastMessage,
-		c.connected, c.stateSince, c.lastErrorAt,
+		c.connected, c.stateSince, c.lastErrorAt, c.failed,
 	} {
 		ch <- d
 	}
@@ -193,6 +197,7 @@ func (c *Collector) send(out sender, st etcdwatch.Stats, state etcdwatch.State) 
 	if !state.LastErrorAt.IsZero() {
 		out.gauge(c.lastErrorAt, unixSeconds(state.LastErrorAt))
 	}
+	out.gauge(c.failed, boolValue(state.Failed != nil))
 }
 
 func boolValue(b bool) float64 {

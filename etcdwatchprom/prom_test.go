@@ -45,6 +45,7 @@ func TestEveryField(t *testing.T) {
 		state: etcdwatch.State{
 			Connected: true, Since: time.Unix(1700000001, 0),
 			LastError: errors.New("refused"), LastErrorAt: time.Unix(1699999998, 0),
+			Failed: errors.New("failed for good"),
 		},
 	}
 	want := `
@@ -60,6 +61,9 @@ etcdwatch_duplicates_dropped_total{stream="s"} 8
 # HELP etcdwatch_events_total Events queued for consumers.
 # TYPE etcdwatch_events_total counter
 etcdwatch_events_total{stream="s"} 250
+# HELP etcdwatch_failed 1 once the Watch stream failed for good (State.Failed): its watches ended, new ones are refused; else 0.
+# TYPE etcdwatch_failed gauge
+etcdwatch_failed{stream="s"} 1
 # HELP etcdwatch_fragments_total Fragment responses joined into whole revisions.
 # TYPE etcdwatch_fragments_total counter
 etcdwatch_fragments_total{stream="s"} 6
@@ -109,7 +113,8 @@ etcdwatch_watches_moved_total{stream="s"} 12
 	c := etcdwatchprom.New("s", src)
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want)))
 	// A metric for each field of Stats and State but State.LastError,
-	// whose text is no label: a field added without one fails here.
+	// whose text is no label (State.Failed is a 0 or 1): a field added
+	// without one fails here.
 	fields := reflect.TypeFor[etcdwatch.Stats]().NumField() + reflect.TypeFor[etcdwatch.State]().NumField() - 1
 	require.Equal(t, fields, testutil.CollectAndCount(c))
 	lint, err := testutil.CollectAndLint(c)

@@ -28,7 +28,9 @@
 //   - balanced by count, over members first: to the member with the fewest
 //     watches, then to its Stream with the fewest;
 //   - aware of health: a Stream that failed and is not answered again
-//     (its member down, say) gets no new watch while another is healthy;
+//     (its member down, say) gets no new watch while another is healthy,
+//     and one that failed for good (State.Failed) none while another has
+//     not;
 //   - pinned: WatchPinned, or a request that sets Isolated (a view's
 //     watch does), gets a Stream of its own, closed when the watch ends.
 //

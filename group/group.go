@@ -523,6 +523,7 @@ func (g *Group) candidates() []candidate {
 		cs = append(cs, candidate{
 			watches: int(sl.stream.Stats().Watches) + g.placing[i],
 			healthy: healthy(st),
+			failed:  st.Failed != nil,
 			member:  sl.track.where(),
 			on:      i,
 		})

@@ -620,15 +620,7 @@ func TestRequestProgressLeavesOutAFailedStream(t *testing.T) {
 	f := serve(t)
 	g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
 	watches, m := f.mapping(t, g, "a", 2)
-	fs := f.stream(m[0])
-	fs.st.Send(t, ws.Events(watches[0].ID(), 6, ws.Put("a0", strings.Repeat("x", 64<<10), 6)))
-	select {
-	case <-watches[0].Done():
-	case <-timeout():
-		t.Fatal("the watch did not end")
-	}
-	require.ErrorIs(t, watches[0].Err(), etcdwatch.ErrStreamFailed)
-	require.Equal(t, codes.ResourceExhausted, status.Code(watches[0].Err()))
+	f.failForGood(t, m[0], watches[0])
 	require.EqualValues(t, 1, g.Stats().Watches)
 	f.answer(m[1], 100)
 	for range 2 {
@@ -636,4 +628,55 @@ func TestRequestProgressLeavesOutAFailedStream(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 100, rev)
 	}
+}
+
+// failForGood makes the fake's stream i send w a response above a 32 KiB
+// receive limit, which fails w's Stream for good, and waits for w's end.
+func (f *fake) failForGood(t *testing.T, i int, w *etcdwatch.Watch) {
+	t.Helper()
+	f.stream(i).st.Send(t, ws.Events(w.ID(), 6, ws.Put(string(w.Request().Key), strings.Repeat("x", 64<<10), 6)))
+	select {
+	case <-w.Done():
+	case <-timeout():
+		t.Fatal("the watch did not end")
+	}
+	require.ErrorIs(t, w.Err(), etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.ResourceExhausted, status.Code(w.Err()))
+}
+
+// TestWatchIsNotPlacedOnAFailedStream: one Stream of two failed for good,
+// and the other is reconnecting (its member restarting). A Watch made then
+// goes to the one reconnecting, and is confirmed once it is back; the
+// failed Stream, though it has the fewest watches, would refuse it at once.
+// The failed one says so in its State; the group's State does not, since
+// the group can still watch.
+func TestWatchIsNotPlacedOnAFailedStream(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
+	watches, m := f.mapping(t, g, "a", 2)
+	f.failForGood(t, m[0], watches[0])
+	require.ErrorIs(t, g.Streams()[0].State.Failed, etcdwatch.ErrStreamFailed)
+	require.NoError(t, g.Streams()[1].State.Failed)
+	require.NoError(t, g.State().Failed, "the group can still watch")
+
+	f.mu.Lock()
+	f.holdNext = true
+	f.mu.Unlock()
+	f.stream(m[1]).st.Close(status.Error(codes.Unavailable, "member restarting"))
+	require.Eventually(t, func() bool { return !g.Streams()[1].State.Connected }, ws.Timeout, time.Millisecond)
+	res := make(chan error, 1)
+	go func() {
+		_, err := g.Watch(ctx(t), etcdwatch.Key("new"))
+		res <- err
+	}()
+	require.Eventually(t, func() bool { return len(res) > 0 || g.Streams()[1].Stats.Watches == 2 }, ws.Timeout, time.Millisecond,
+		"the Watch neither failed nor reached a Stream")
+	select {
+	case err := <-res:
+		t.Fatalf("the Watch went to the Stream that failed for good: %v", err)
+	default:
+	}
+	f.release(2) // the reconnecting Stream's new gRPC stream
+	require.NoError(t, <-res)
+	require.Equal(t, 2, f.streamOf("new"))
 }

@@ -15,6 +15,9 @@ type candidate struct {
 	// pinned: a Stream of one watch. It takes no other, but its watch
 	// weighs on its member.
 	pinned bool
+	// failed: the Stream failed for good (State.Failed); it refuses
+	// every watch.
+	failed bool
 	// on is the index of the group's own Stream: the candidate's own, or
 	// for a pinned one, the Stream on whose connection it opened. Where a
 	// member is unknown, that is where the pinned watch weighs.
@@ -29,7 +32,9 @@ type candidate struct {
 // The rule, for each watch:
 //  1. Only healthy Streams, if there is one: a Stream reconnecting
 //     after its member failed gets no new watch until it is answered
-//     again. Pinned Streams are never chosen.
+//     again. Pinned Streams are never chosen, nor Streams that failed for
+//     good while another has not (a watch there would be refused at once,
+//     where a Stream reconnecting takes it once it is back).
 //  2. The member with the fewest watches, counting every Stream on it,
 //     pinned ones too; a Stream whose member is unknown counts as a
 //     member of its own, with the pinned Streams opened on its connection.
@@ -51,14 +56,15 @@ type placement struct {
 // its own Stream opens on. It returns -1 if the group has no Stream of
 // its own to choose.
 func (p *placement) next(pinned bool) int {
-	anyHealthy := false
+	anyHealthy, anyAlive := false, false
 	for _, c := range p.cands {
-		anyHealthy = anyHealthy || (c.healthy && !c.pinned)
+		anyHealthy = anyHealthy || (c.healthy && !c.pinned && !c.failed)
+		anyAlive = anyAlive || (!c.pinned && !c.failed)
 	}
 	best := -1
 	var bestLoad, bestWatches int
 	for i, c := range p.cands {
-		if c.pinned || (anyHealthy && !c.healthy) {
+		if c.pinned || (anyAlive && c.failed) || (anyHealthy && !c.healthy) {
 			continue
 		}
 		load := p.memberLoad(i)

@@ -115,11 +115,18 @@ func (g *Group) Stats() etcdwatch.Stats {
 // included once their servers have answered (see opening) and until their
 // watches end (a pinned Stream closing is no failure): connected while
 // every one is, since that last changed (see combine), and the latest
-// error of any. Streams gives each Stream's.
+// error of any. Failed is set once every Stream of the group's own has
+// failed for good: one that failed alone gets no new watch (placement
+// leaves it out) while another can take it. Streams gives each Stream's.
 func (g *Group) State() etcdwatch.State {
 	st := g.own[0].stream.State()
+	failed := st.Failed
 	for _, sl := range g.own[1:] {
-		st = combine(st, sl.stream.State())
+		s := sl.stream.State()
+		if s.Failed == nil {
+			failed = nil
+		}
+		st = combine(st, s)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -128,6 +135,7 @@ func (g *Group) State() etcdwatch.State {
 			st = combine(st, ps)
 		}
 	}
+	st.Failed = failed
 	return st
 }
 

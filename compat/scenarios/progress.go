@@ -235,8 +235,8 @@ func progressOrderClient(t *testing.T, e *Env) {
 		}
 	}()
 	var revs []int64
-	final := int64(-1)
-	for final < 0 || w.Revision() < final {
+	final, got := int64(-1), int64(0) // got: the last Response's revision (Watch.Revision may briefly trail it)
+	for final < 0 || got < final {
 		select {
 		case all := <-written:
 			must(t, l.err)
@@ -244,6 +244,7 @@ func progressOrderClient(t *testing.T, e *Env) {
 			written = nil
 		case r, ok := <-w.Responses():
 			check(t, ok, "watch ended: %v", w.Err())
+			got = r.Revision
 			for _, ev := range r.Events {
 				revs = append(revs, ev.ModRevision)
 			}
