@@ -114,62 +114,48 @@ func FuzzDecodeAgreesWithProtobuf(f *testing.F) {
 	for i := range 8 {
 		f.Add(uint64(i), uint64(i*31+7))
 	}
-	f.Fuzz(func(t *testing.T, s1, s2 uint64) {
-		r := rand.New(rand.NewPCG(s1, s2))
-		b, err := proto.Marshal(rResponse(r))
+	f.Fuzz(func(t *testing.T, s1, s2 uint64) { agreesWithProtobuf(t, s1, s2) })
+}
+
+// agreesWithProtobuf checks the response the seeds make (see
+// FuzzDecodeAgreesWithProtobuf): decoded alike by both, and sharing
+// nothing with its input.
+func agreesWithProtobuf(t *testing.T, s1, s2 uint64) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(s1, s2))
+	b, err := proto.Marshal(rResponse(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.IntN(2) == 0 { // a second message appended: proto merges
+		b2, err := proto.Marshal(rResponse(r))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.IntN(2) == 0 { // a second message appended: proto merges
-			b2, err := proto.Marshal(rResponse(r))
-			if err != nil {
-				t.Fatal(err)
-			}
-			b = append(b, b2...)
-		}
-		var want pb.WatchResponse
-		if err := proto.Unmarshal(b, &want); err != nil {
-			t.Fatal(err)
-		}
-		var got wireResponse
-		if err := got.decode(b); err != nil {
-			t.Fatalf("decode refused what protobuf accepts: %v\n%x", err, b)
-		}
-		if !equalResponses(got, fromPB(&want)) {
-			t.Fatalf("decode differs\n got %+v\nwant %v\n%x", got, &want, b)
-		}
-		// the decoded bytes share nothing with the input
-		clear(b)
-		if !equalResponses(got, fromPB(&want)) {
-			t.Fatalf("decoded response changed with the input buffer")
-		}
-	})
+		b = append(b, b2...)
+	}
+	var want pb.WatchResponse
+	if err := proto.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	var got wireResponse
+	if err := got.decode(b); err != nil {
+		t.Fatalf("seeds %d, %d: decode refused what protobuf accepts: %v\n%x", s1, s2, err, b)
+	}
+	if !equalResponses(got, fromPB(&want)) {
+		t.Fatalf("seeds %d, %d: decode differs\n got %+v\nwant %v\n%x", s1, s2, got, &want, b)
+	}
+	clear(b) // the decoded bytes share nothing with the input
+	if !equalResponses(got, fromPB(&want)) {
+		t.Fatalf("seeds %d, %d: decoded response changed with the input buffer", s1, s2)
+	}
 }
 
 // TestDecodeAgreesWithProtobuf runs the differential check on many seeds
 // without the fuzzing engine.
 func TestDecodeAgreesWithProtobuf(t *testing.T) {
 	for s := range uint64(20000) {
-		r := rand.New(rand.NewPCG(s, s^0x9e3779b97f4a7c15))
-		b, err := proto.Marshal(rResponse(r))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.IntN(2) == 0 {
-			b2, _ := proto.Marshal(rResponse(r))
-			b = append(b, b2...)
-		}
-		var want pb.WatchResponse
-		if err := proto.Unmarshal(b, &want); err != nil {
-			t.Fatal(err)
-		}
-		var got wireResponse
-		if err := got.decode(b); err != nil {
-			t.Fatalf("seed %d: decode: %v", s, err)
-		}
-		if !equalResponses(got, fromPB(&want)) {
-			t.Fatalf("seed %d: decode differs\n got %+v\nwant %v", s, got, &want)
-		}
+		agreesWithProtobuf(t, s, s^0x9e3779b97f4a7c15)
 	}
 }
 
