@@ -45,6 +45,9 @@ func (d *dispatcher) flushCreates() {
 		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: e.reqID, start: e.start(d.s.stats.revision.Load()), watch: &w.req})
 		d.pending.Push(w)
 	}
+	if d.toCreate.Len() == 0 {
+		d.progress.allSent(d.nextID)
+	}
 }
 
 // firstWatchID is the first id the client chooses. A server that picks its

@@ -21,7 +21,7 @@ type progressWaiter struct {
 	// could hold it for ever. It is allCreates while some watch has no
 	// create id on the current stream: a stream's end, after which every
 	// watch is created again with a new id, sets it so until the new
-	// stream has sent them all (resendProgress).
+	// stream has sent them all (allSent).
 	needs int64
 }
 
@@ -52,34 +52,26 @@ type progressState struct {
 	inFlight        bool
 	clock.Stoppable // runs while a request is in flight
 
-	// covers are the requests in flight on this stream, oldest first, in
-	// runs of requests sent after the same last create id; covered is the
-	// last create id an answer covered. See coverage.
-	covers  []coverRun
+	// covers are the requests in flight on this stream, oldest first, each
+	// as the last create id sent before it (dispatcher.nextID then);
+	// covered is the last create id an answer covered. See coverage.
+	covers  []int64
 	covered int64
 }
 
-// coverRun is n requests in flight, each sent after the create with id
-// last or a later one.
-type coverRun struct {
-	last int64
-	n    int
-}
-
-// maxCovers bounds covers while the server answers nothing: a request
-// repeated every WithProgressRetry max for hours joins the newest run,
-// which then covers no more than its first request did.
+// maxCovers bounds the requests in flight on a stream: while that many
+// are unanswered (etcd 3.5.13+ holds them back while a watch catches up,
+// then answers once), the retry timer asks no more. Each request is
+// recorded, so that an answer is never taken for a later request's; and
+// one answer for many leaves at most this many records behind, each an
+// answer's worth of lag in what later answers cover.
 const maxCovers = 8
 
+// full reports whether no more requests may be sent until one is answered.
+func (p *progressState) full() bool { return len(p.covers) >= maxCovers }
+
 // sent records a request sent after the creates up to lastCreate.
-func (p *progressState) sent(lastCreate int64) {
-	switch n := len(p.covers); {
-	case n > 0 && (p.covers[n-1].last == lastCreate || n == maxCovers):
-		p.covers[n-1].n++
-	default:
-		p.covers = append(p.covers, coverRun{last: lastCreate, n: 1})
-	}
-}
+func (p *progressState) sent(lastCreate int64) { p.covers = append(p.covers, lastCreate) }
 
 // coverage returns, for an answer, the last create id it covers. A
 // stream-wide answer covers the watches the server had when it took the
@@ -90,11 +82,8 @@ func (p *progressState) sent(lastCreate int64) {
 // yet), which covers no more than the one actually answered.
 func (p *progressState) coverage() int64 {
 	if len(p.covers) > 0 {
-		oldest := &p.covers[0]
-		p.covered = max(p.covered, oldest.last)
-		if oldest.n--; oldest.n == 0 {
-			p.covers = p.covers[1:]
-		}
+		p.covered = max(p.covered, p.covers[0])
+		p.covers = p.covers[1:]
 	}
 	return p.covered
 }
@@ -107,7 +96,7 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	p.minRev = max(p.minRev, d.maxRev)
 	p.needs = d.nextID
 	if d.sess == nil || d.toCreate.Len() > 0 {
-		p.needs = allCreates // some watches have no create id yet: see resendProgress
+		p.needs = allCreates // some watches have no create id yet: see allSent
 	}
 	switch {
 	case d.failed != nil:
@@ -149,6 +138,9 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 			}
 			break // the oldest such: ids rise in the queue
 		}
+	}
+	if d.movingQueued() {
+		uncovered = 1 // below every id: no call returns while one waits to be created again
 	}
 	rev := resp.Header.Revision
 	var stay []*progressWaiter
@@ -208,9 +200,11 @@ func (d *dispatcher) hasWatches() bool {
 }
 
 func (d *dispatcher) sendProgress() {
-	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
-	p.sent(d.nextID)
+	if !p.full() {
+		d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
+		p.sent(d.nextID)
+	}
 	p.inFlight = true
 	p.Reset(d.clock, p.retry.next())
 }
@@ -252,20 +246,31 @@ func (p *progressState) suspend() {
 	p.Stop()
 }
 
-// resendProgress asks the new stream for progress on behalf of waiting
-// calls. Once every watch has its create queued again, they wait for the
-// watches created so far, and no later ones.
+// resendProgress asks the new stream for progress on behalf of waiting calls.
 func (d *dispatcher) resendProgress() {
-	p := &d.progress
-	if len(p.waiting) == 0 {
-		return
+	if len(d.progress.waiting) > 0 {
+		d.sendProgress()
 	}
-	if d.toCreate.Len() == 0 {
-		for _, w := range p.waiting {
-			w.needs = min(w.needs, d.nextID)
+}
+
+// movingQueued reports whether a watch that was active waits in toCreate
+// to be created again on this stream (one create at a time).
+func (d *dispatcher) movingQueued() bool {
+	for w := range d.toCreate.All() {
+		if w.entry.is(moving) {
+			return true
 		}
 	}
-	d.sendProgress()
+	return false
+}
+
+// allSent is called once every queued create has been sent: calls waiting
+// for every watch (see progressWaiter.needs) now wait for those created so
+// far, and no later ones.
+func (p *progressState) allSent(lastCreate int64) {
+	for _, w := range slices.Concat(p.waiting, p.next) {
+		w.needs = min(w.needs, lastCreate)
+	}
 }
 
 // fail answers every waiting call with err.

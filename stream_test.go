@@ -1034,34 +1034,40 @@ func TestProgressAfterAStreamEndNotHeldByLaterCreates(t *testing.T) {
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
-// TestProgressRequestsPastTheRecordedLimit: more requests go out
-// unanswered than the Stream records apart (8: the retry timer asks again,
-// a watch created before each), a watch from an old revision is created
-// after them all, and the server answers them in order. No answer to a
-// request sent before that create may bookmark the watch. Catches the
-// answers to requests past the limit, unrecorded, taken for later ones':
-// the watch was bookmarked at 11 and its catch-up event at 7 dropped as a
-// duplicate.
-func TestProgressRequestsPastTheRecordedLimit(t *testing.T) {
+// TestProgressRequestsInFlightAreBounded: while the server answers nothing
+// (etcd 3.5.13+ holds requests back while a watch catches up, then answers
+// once), the retry timer sends at most 8 requests, each recorded, and then
+// no more. A watch from an old revision is created after them; no answer
+// to a request sent before its create may bookmark it, and once the
+// records are answered, the next call needs one round trip more. Catches
+// requests sent unrecorded (an answer to one was taken for a later
+// request's: the watch was bookmarked at 11 and its catch-up event at 7
+// dropped as a duplicate), and records without bound (after an answer for
+// 100 requests, a call needed 100 round trips).
+func TestProgressRequestsInFlightAreBounded(t *testing.T) {
 	clk := clock.NewFake()
 	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond, 5*time.Millisecond))
 	h.watch(etcdwatch.Key("a"), 10)
 	first := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-	const unanswered = 10
-	for i := range unanswered - 1 { // each after a create of its own, asked again by the timer
-		h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10)
+	const bound = 8
+	for i := range 100 { // each after a create of its own while it can, asked again by the timer
+		if i < bound-1 {
+			h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10)
+		}
 		awaitArmed(t, clk, 5*time.Millisecond)
 		clk.Advance(5 * time.Millisecond)
-		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+		if i < bound-1 {
+			require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+		}
 	}
 	res := h.watchAsync(context.Background(), etcdwatch.Key("b").FromRevision(5))
-	c := h.srv.RecvCreate(t)
+	c := h.srv.RecvCreate(t) // the next request: no progress request past the bound
 	h.srv.Send(t, ws.Created(c.WatchId, 11))
 	b := recvResult(t, res).w
 	got := h.progressAsync() // waits for b: every answer below asks again
 	h.handledAll()
-	for i := range unanswered {
+	for i := range bound {
 		h.srv.Send(t, ws.Progress(-1, 11))
 		h.handledAll()
 		select {
@@ -1083,7 +1089,78 @@ func TestProgressRequestsPastTheRecordedLimit(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int64{7, 12}, revs)
-	h.srv.Send(t, ws.Progress(-1, 12)) // the answer to the request sent after b's create
+	h.srv.Send(t, ws.Progress(-1, 12)) // the answer to the first request sent after b's create
 	require.Equal(t, int64(12), recvProgress(t, got).rev)
 	require.Zero(t, h.s.Stats().DuplicatesDropped)
+}
+
+// TestProgressWaitsForAWatchQueuedToBeCreatedAgain: on a stream that takes
+// one create at a time (the server picks its own ids), a call waits across
+// the stream's end while a watch it began with waits in line to be created
+// again; an answer then must not return it. Catches a call returned with
+// that watch neither created again nor bookmarked.
+func TestProgressWaitsForAWatchQueuedToBeCreatedAgain(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("z"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 1)) // its own id: one create at a time from now on
+	z := recvResult(t, res).w
+	h.watchAsync(context.Background(), etcdwatch.Key("a")) // in flight at the stream's end: not moved, created
+	h.srv.RecvCreate(t)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+
+	h.cut()
+	ca := h.srv.RecvCreate(t)
+	require.Equal(t, "a", string(ca.Key), "a first, then z, one at a time")
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 1)) // before a's created response
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: z is not created again yet")
+	h.srv.Send(t, ws.Created(101, 1))
+	cz := h.srv.RecvCreate(t)
+	require.Equal(t, "z", string(cz.Key))
+	h.srv.Send(t, ws.Created(102, 1))
+	h.await(func() bool { return h.s.Stats().Moved == 1 })
+	h.srv.Send(t, ws.Progress(-1, 1)) // the request asked again went out before z's create
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: z was created after it")
+	h.srv.Send(t, ws.Progress(-1, 1))
+	require.Equal(t, int64(1), recvProgress(t, got).rev)
+	r := next(t, z)
+	require.True(t, r.IsProgress(), "z gets the bookmark")
+}
+
+// TestProgressNotHeldByLaterCreatesOneAtATime: on a stream that takes one
+// create at a time, a call made while a create waits its turn waits for
+// the watches whose creates had been queued when it began, and not for
+// those created after: a watch opened within each round trip does not
+// hold it. Catches the call held for as long as watches are opened there.
+func TestProgressNotHeldByLaterCreatesOneAtATime(t *testing.T) {
+	h := newHarness(t)
+	id := int64(100)
+	create := func(key string) {
+		res := h.watchAsync(context.Background(), etcdwatch.Key(key))
+		h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(id, 10))
+		id++
+		require.NoError(t, recvResult(t, res).err)
+	}
+	create("z") // its own id: one create at a time from now on
+	resA := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	resB := h.watchAsync(context.Background(), etcdwatch.Key("b")) // queued behind a
+	h.await(func() bool { return h.s.Stats().Watches == 3 })
+	got := h.progressAsync() // began with z, a and b
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Created(id, 10)) // a
+	id++
+	require.NoError(t, recvResult(t, resA).err)
+	h.srv.RecvCreate(t) // b
+	h.srv.Send(t, ws.Created(id, 10))
+	id++
+	require.NoError(t, recvResult(t, resB).err)
+	h.srv.Send(t, ws.Progress(-1, 10)) // answers the request sent before b's create: asked again
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	create("c")                        // a watch opened within the round trip
+	h.srv.Send(t, ws.Progress(-1, 10)) // covers z, a and b
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
