@@ -52,26 +52,41 @@ type progressState struct {
 	inFlight        bool
 	clock.Stoppable // runs while a request is in flight
 
-	// covers are the requests in flight on this stream, oldest first, each
-	// as the last create id sent before it (dispatcher.nextID then);
-	// covered is the last create id an answer covered. See coverage.
-	covers  []int64
+	// covers are the requests in flight on this stream, oldest first, in
+	// runs of requests sent after the same last create id; covered is the
+	// last create id an answer covered. See coverage.
+	covers  []coverRun
 	covered int64
 }
 
-// maxCovers bounds the requests in flight on a stream: while that many
-// are unanswered (etcd 3.5.13+ holds them back while a watch catches up,
-// then answers once), the retry timer asks no more. Each request is
-// recorded, so that an answer is never taken for a later request's; and
-// one answer for many leaves at most this many records behind, each an
-// answer's worth of lag in what later answers cover.
+// coverRun is n requests in flight, each sent after the create with id
+// last or a later one.
+type coverRun struct {
+	last int64
+	n    int
+}
+
+// maxCovers bounds covers: a request repeated while the server answers
+// nothing joins the newest run, which then covers no more than its first
+// request did. Every request is counted, though etcd 3.5.13+ ignores one
+// it cannot answer yet (it answers once, later): a request must never go
+// uncounted, or the answer to it would be taken for a later request's.
+// So after a long hold, later answers cover less than they could, one
+// request's worth each, until the ignored ones are counted off: calls
+// waiting for watches created since then ask again that many times.
+// Sending no more while requests are unanswered would be worse: the
+// ignored ones are never answered, and the stream would ask no more.
 const maxCovers = 8
 
-// full reports whether no more requests may be sent until one is answered.
-func (p *progressState) full() bool { return len(p.covers) >= maxCovers }
-
 // sent records a request sent after the creates up to lastCreate.
-func (p *progressState) sent(lastCreate int64) { p.covers = append(p.covers, lastCreate) }
+func (p *progressState) sent(lastCreate int64) {
+	switch n := len(p.covers); {
+	case n > 0 && (p.covers[n-1].last == lastCreate || n == maxCovers):
+		p.covers[n-1].n++
+	default:
+		p.covers = append(p.covers, coverRun{last: lastCreate, n: 1})
+	}
+}
 
 // coverage returns, for an answer, the last create id it covers. A
 // stream-wide answer covers the watches the server had when it took the
@@ -82,8 +97,11 @@ func (p *progressState) sent(lastCreate int64) { p.covers = append(p.covers, las
 // yet), which covers no more than the one actually answered.
 func (p *progressState) coverage() int64 {
 	if len(p.covers) > 0 {
-		p.covered = max(p.covered, p.covers[0])
-		p.covers = p.covers[1:]
+		oldest := &p.covers[0]
+		p.covered = max(p.covered, oldest.last)
+		if oldest.n--; oldest.n == 0 {
+			p.covers = p.covers[1:]
+		}
 	}
 	return p.covered
 }
@@ -200,11 +218,9 @@ func (d *dispatcher) hasWatches() bool {
 }
 
 func (d *dispatcher) sendProgress() {
+	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
-	if !p.full() {
-		d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
-		p.sent(d.nextID)
-	}
+	p.sent(d.nextID)
 	p.inFlight = true
 	p.Reset(d.clock, p.retry.next())
 }

@@ -1034,40 +1034,34 @@ func TestProgressAfterAStreamEndNotHeldByLaterCreates(t *testing.T) {
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
-// TestProgressRequestsInFlightAreBounded: while the server answers nothing
-// (etcd 3.5.13+ holds requests back while a watch catches up, then answers
-// once), the retry timer sends at most 8 requests, each recorded, and then
-// no more. A watch from an old revision is created after them; no answer
-// to a request sent before its create may bookmark it, and once the
-// records are answered, the next call needs one round trip more. Catches
-// requests sent unrecorded (an answer to one was taken for a later
-// request's: the watch was bookmarked at 11 and its catch-up event at 7
-// dropped as a duplicate), and records without bound (after an answer for
-// 100 requests, a call needed 100 round trips).
-func TestProgressRequestsInFlightAreBounded(t *testing.T) {
+// TestProgressRequestsPastTheRecordedLimit: more requests go out
+// unanswered than the Stream records apart (8: the retry timer asks again,
+// a watch created before each), a watch from an old revision is created
+// after them all, and the server answers them in order. No answer to a
+// request sent before that create may bookmark the watch. Catches the
+// answers to requests past the limit, unrecorded, taken for later ones':
+// the watch was bookmarked at 11 and its catch-up event at 7 dropped as a
+// duplicate.
+func TestProgressRequestsPastTheRecordedLimit(t *testing.T) {
 	clk := clock.NewFake()
 	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond, 5*time.Millisecond))
 	h.watch(etcdwatch.Key("a"), 10)
 	first := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-	const bound = 8
-	for i := range 100 { // each after a create of its own while it can, asked again by the timer
-		if i < bound-1 {
-			h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10)
-		}
+	const unanswered = 10
+	for i := range unanswered - 1 { // each after a create of its own, asked again by the timer
+		h.watch(etcdwatch.Key(fmt.Sprint("k", i)), 10)
 		awaitArmed(t, clk, 5*time.Millisecond)
 		clk.Advance(5 * time.Millisecond)
-		if i < bound-1 {
-			require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-		}
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	}
 	res := h.watchAsync(context.Background(), etcdwatch.Key("b").FromRevision(5))
-	c := h.srv.RecvCreate(t) // the next request: no progress request past the bound
+	c := h.srv.RecvCreate(t)
 	h.srv.Send(t, ws.Created(c.WatchId, 11))
 	b := recvResult(t, res).w
 	got := h.progressAsync() // waits for b: every answer below asks again
 	h.handledAll()
-	for i := range bound {
+	for i := range unanswered {
 		h.srv.Send(t, ws.Progress(-1, 11))
 		h.handledAll()
 		select {
@@ -1089,7 +1083,7 @@ func TestProgressRequestsInFlightAreBounded(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int64{7, 12}, revs)
-	h.srv.Send(t, ws.Progress(-1, 12)) // the answer to the first request sent after b's create
+	h.srv.Send(t, ws.Progress(-1, 12)) // the answer to the request sent after b's create
 	require.Equal(t, int64(12), recvProgress(t, got).rev)
 	require.Zero(t, h.s.Stats().DuplicatesDropped)
 }
