@@ -141,31 +141,26 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	}
 	p := &d.progress
 	covered := p.coverage()
-	uncovered := int64(0) // the oldest create id of a watch the answer did not bookmark; 0: none
+	var uncovered int64 // the oldest create id of a watch the answer did not bookmark, if missed
+	missed := false
 	for _, w := range d.watches {
 		if w.entry.reqID <= covered { // created before the request: covered by its answer
 			d.bookmark(w, resp.Header)
-		} else if uncovered == 0 || w.entry.reqID < uncovered {
-			uncovered = w.entry.reqID
+		} else if !missed || w.entry.reqID < uncovered {
+			uncovered, missed = w.entry.reqID, true
 		}
 	}
-	for w := range d.pending.All() {
-		if w.entry.is(moving) { // active before, created again, not confirmed yet: no bookmark
-			if uncovered == 0 || w.entry.reqID < uncovered {
-				uncovered = w.entry.reqID
-			}
-			break // the oldest such: ids rise in the queue
+	if len(p.waiting) > 0 { // only calls care: not scanned for every answer
+		if id, ok := d.unconfirmedMove(); ok && (!missed || id < uncovered) {
+			uncovered, missed = id, true
 		}
-	}
-	if d.movingQueued() {
-		uncovered = 1 // below every id: no call returns while one waits to be created again
 	}
 	rev := resp.Header.Revision
 	var stay []*progressWaiter
 	short := false // some call waits for a watch the answer did not cover
 	for _, w := range p.waiting {
 		switch {
-		case uncovered != 0 && uncovered <= w.needs:
+		case missed && uncovered <= w.needs:
 			stay, short = append(stay, w), true
 		case rev < w.minRev: // too old for it
 			stay = append(stay, w)
@@ -269,15 +264,23 @@ func (d *dispatcher) resendProgress() {
 	}
 }
 
-// movingQueued reports whether a watch that was active waits in toCreate
-// to be created again on this stream (one create at a time).
-func (d *dispatcher) movingQueued() bool {
+// unconfirmedMove returns the create id of the oldest watch created again
+// on this stream after the last one ended and not confirmed yet, which no
+// answer can bookmark: 1, below every id, while one still waits in
+// toCreate for its create (one create at a time). ok is false when there
+// is none.
+func (d *dispatcher) unconfirmedMove() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
 		if w.entry.is(moving) {
-			return true
+			return 1, true
 		}
 	}
-	return false
+	for w := range d.pending.All() { // in create order: the first is the oldest
+		if w.entry.is(moving) {
+			return w.entry.reqID, true
+		}
+	}
+	return 0, false
 }
 
 // allSent is called once every queued create has been sent: calls waiting
