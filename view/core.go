@@ -76,7 +76,7 @@ func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o option
 		decode: decode,
 		opts:   o,
 		log:    src.Logger().With("view", r.String()),
-		reads:  newLister(src, r.Key, r.End, o.pageSize),
+		reads:  newLister(src, r.Key, r.End, o.pageSize, o.pageBytes),
 		ctx:    ctx,
 		cancel: cancel,
 		ready:  make(chan struct{}),

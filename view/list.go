@@ -21,18 +21,20 @@ import (
 type lister struct {
 	kv       pb.KVClient
 	key, end []byte
-	page     int64
+	page     int64 // keys in the first page, and at least in each
+	bytes    int64 // bytes a later page aims at (WithPageBytes); 0: page keys each
 	call     []grpc.CallOption
 	paged    bool   // the server has no RangeStream: use pages
 	cluster  uint64 // the cluster ID in the last listing's header, for saves (WithSave)
 }
 
-func newLister(src Source, key, end []byte, page int) *lister {
+func newLister(src Source, key, end []byte, page, bytes int) *lister {
 	return &lister{
-		kv:   pb.NewKVClient(src.Conn()),
-		key:  key,
-		end:  end,
-		page: int64(page),
+		kv:    pb.NewKVClient(src.Conn()),
+		key:   key,
+		end:   end,
+		page:  int64(page),
+		bytes: int64(bytes),
 		// A page holds as many values as it holds, up to etcd's own limits;
 		// the Source's own call options come after, and may lower that.
 		call: []grpc.CallOption{grpc.MaxCallRecvMsgSize(math.MaxInt32)},
@@ -103,29 +105,96 @@ func (l *lister) stream(ctx context.Context, at listing, fn func(*mvccpb.KeyValu
 }
 
 // pages reads the range a page at a time, each page at the revision of the
-// first, so that the pages together are one revision's state.
+// first, so that the pages together are one revision's state. It asks for
+// the next page as soon as a page arrives, before fn takes its keys, so that
+// the server reads one page while fn takes the one before: a listing holds
+// at most two pages at once, and asks for one page more than it takes when
+// fn fails.
 func (l *lister) pages(ctx context.Context, at listing, fn func(*mvccpb.KeyValue) error) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
 	req := l.request(at)
 	req.Limit = l.page
+	next := l.fetch(ctx, req)
+	var keys, bytes int64 // read so far, for the size of the pages after
+	defer func() {
+		cancel()
+		<-next.done // the one fetch that may still run
+	}()
 	for {
-		r, err := l.kv.Range(ctx, req, l.call...)
+		<-next.done
+		r, err := next.resp, next.err
 		if err != nil {
 			return 0, err
 		}
 		if req.Revision == 0 {
 			req.Revision, l.cluster = r.GetHeader().GetRevision(), r.GetHeader().GetClusterId()
 		}
+		more := r.More && len(r.Kvs) > 0
+		if more {
+			keys, bytes = keys+int64(len(r.Kvs)), bytes+pageBytes(r.Kvs)
+			req = after(req, r.Kvs[len(r.Kvs)-1].Key, l.limit(keys, bytes))
+			next = l.fetch(ctx, req)
+		}
 		for _, kv := range r.Kvs {
 			if err := fn(kv); err != nil {
 				return 0, err
 			}
 		}
-		if !r.More || len(r.Kvs) == 0 {
+		if !more {
 			return req.Revision, nil
 		}
-		last := r.Kvs[len(r.Kvs)-1].Key
-		req.Key = append(last[:len(last):len(last)], 0) // the next key after the last; fn may keep last
 	}
+}
+
+// after is req for the page of limit keys after the one whose last key is
+// last.
+func after(req *pb.RangeRequest, last []byte, limit int64) *pb.RangeRequest {
+	return &pb.RangeRequest{
+		Key:      append(last[:len(last):len(last)], 0), // the next key after the last; fn may keep last
+		RangeEnd: req.RangeEnd, Limit: limit, Revision: req.Revision, KeysOnly: req.KeysOnly,
+	}
+}
+
+// limit is how many keys the next page asks for, keys of bytes having been
+// read: as many as l.bytes holds at their mean size, and at least l.page.
+func (l *lister) limit(keys, bytes int64) int64 {
+	if l.bytes == 0 || bytes == 0 {
+		return l.page
+	}
+	return max(l.page, l.bytes/max(1, bytes/keys))
+}
+
+// kvOverhead is about what a KeyValue takes in a Range response beside its
+// key and value: its revisions, version, lease and field tags.
+const kvOverhead = 32
+
+// pageBytes is about the bytes of kvs in a Range response.
+func pageBytes(kvs []*mvccpb.KeyValue) int64 {
+	n := 0
+	for _, kv := range kvs {
+		n += len(kv.Key) + len(kv.Value) + kvOverhead
+	}
+	return int64(n)
+}
+
+// page is one Range call of a paged listing, made by a goroutine of its own
+// so that the lister can take the page before while the server reads it.
+// resp and err are set before done closes.
+type page struct {
+	done chan struct{}
+	resp *pb.RangeResponse
+	err  error
+}
+
+// fetch calls Range for req. The call's goroutine exits when the call
+// returns, which ctx bounds; pages waits for it before returning.
+func (l *lister) fetch(ctx context.Context, req *pb.RangeRequest) *page {
+	p := &page{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.resp, p.err = l.kv.Range(ctx, req, l.call...)
+	}()
+	return p
 }
 
 // freshness is what a linearizable read says of the range now: its revision,

@@ -41,7 +41,7 @@ func (c *core[T]) start() {
 }
 
 func newRunner[T any](c *core[T]) *runner[T] {
-	return &runner[T]{core: c, list: newLister(c.src, c.req.Key, c.req.End, c.opts.pageSize)}
+	return &runner[T]{core: c, list: newLister(c.src, c.req.Key, c.req.End, c.opts.pageSize, c.opts.pageBytes)}
 }
 
 // run lists and follows the range until the state ends, and returns why.

@@ -222,7 +222,7 @@ func TestViewListsPagesAtOneRevision(t *testing.T) {
 	kv := h.server.KV()
 	putKeys(kv, 7)
 	kv.Put("w/outside", "x")
-	vh := openView(h, view.DecodeBytes, view.WithPageSize(3))
+	vh := openView(h, view.DecodeBytes, view.WithPageSize(3), view.WithPageBytes(0))
 	reqs := kv.Requests()
 	require.Len(t, reqs, 3, "three pages, after a RangeStream refused")
 	rev := kv.Revision()
@@ -684,6 +684,7 @@ func TestNewRefusesWhatCannotWork(t *testing.T) {
 		"no key":     {h.s, etcdwatch.Request{}, nil, etcdwatch.ErrInvalidRequest},
 		"history":    {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithHistoryBytes(0)}, etcdwatch.ErrInvalidArgument},
 		"page":       {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithPageSize(0)}, etcdwatch.ErrInvalidArgument},
+		"page bytes": {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithPageBytes(-1)}, etcdwatch.ErrInvalidArgument},
 		"integrity":  {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithIntegrityCheck(-1)}, etcdwatch.ErrInvalidArgument},
 		"bookmark":   {h.s, etcdwatch.Prefix("v/"), []view.Option{view.WithBookmarkInterval(-1)}, etcdwatch.ErrInvalidArgument},
 	} {

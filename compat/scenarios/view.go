@@ -109,7 +109,7 @@ func viewList(t *testing.T, e *Env) {
 	s := openConn(t, e.Endpoint, sp.options())
 	nctx, cancel := context.WithTimeout(ctx, Wait)
 	defer cancel()
-	v, err := view.New(nctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithPageSize(page))
+	v, err := view.New(nctx, s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithPageSize(page), view.WithPageBytes(0))
 	close(stop)
 	<-quit
 	if err != nil {

@@ -277,9 +277,9 @@ func mirrorKeys(ctx context.Context, cli *clientv3.Client, prefix string) ([]*mv
 // and keeps the view's time for viewrelist.
 func viewSyncRatios(med map[string]map[string]float64) {
 	viewSyncSeconds = med["view"]["seconds"]
-	fmt.Printf("RATIO viewsync seconds view/list=%s view/mirror=%s (target view/list <= 1.2)\n",
+	fmt.Printf("RATIO viewsync seconds view/list=%s view/mirror=%s (target view/list <= 1.0)\n",
 		ratioOf(med, "view", "list", "seconds"), ratioOf(med, "view", "mirror", "seconds"))
-	fmt.Printf("RATIO viewsync seconds view-paged/list=%s (the view listing in pages, as before etcd 3.7; target <= 1.2)\n",
+	fmt.Printf("RATIO viewsync seconds view-paged/list=%s (the view listing in pages, as before etcd 3.7; target <= 1.0)\n",
 		ratioOf(med, "view-paged", "list", "seconds"))
 	fmt.Printf("RATIO viewsync overhead_per_key view=%s view-paged=%s list=%s mirror=%s (bytes beyond key+value; target view <= 64)\n",
 		valueOf(med, "view", "overhead_per_key"), valueOf(med, "view-paged", "overhead_per_key"),
