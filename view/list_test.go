@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -94,4 +95,27 @@ func TestPagesEndWithTheTakersError(t *testing.T) {
 	_, err := l.pages(context.Background(), listing{}, func(*mvccpb.KeyValue) error { return stop })
 	require.Same(t, stop, err)
 	require.LessOrEqual(t, len(kv.Requests()), 2, "no page asked for after the failure")
+}
+
+// TestPagesShrinkBackWhenTooLarge: a grown page above the Stream's receive
+// limit is asked for again at the first page's size, and so are the pages
+// after it; every key is taken once, in order. Catches: a listing that
+// fails (view.New would, for good: a refusal as too large is not retried)
+// on a page only this listing made that large.
+func TestPagesShrinkBackWhenTooLarge(t *testing.T) {
+	l, kv := pagedLister(t, 0, 2, 1<<20)
+	for i := range 10 {
+		kv.Put(fmt.Sprintf("v/%02d", i), strings.Repeat("x", 100))
+	}
+	l.call = append(l.call, grpc.MaxCallRecvMsgSize(600)) // 2 keys fit, 4 do not
+	var keys []string
+	_, err := l.pages(context.Background(), listing{}, func(kv *mvccpb.KeyValue) error {
+		keys = append(keys, string(kv.Key))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"v/00", "v/01", "v/02", "v/03", "v/04", "v/05", "v/06", "v/07", "v/08", "v/09"}, keys)
+	ls := limits(kv.Requests())
+	require.Greater(t, ls[1], int64(2), "the second page grew: %v", ls)
+	require.Equal(t, []int64{2, 2, 2, 2, 2}, append(ls[:1:1], ls[2:]...), "the refused page again, and the rest, at the first's size")
 }

@@ -48,8 +48,11 @@ func WithPageSize(keys int) Option { return func(o *options) { o.pageSize = keys
 // at the mean size of the keys read so far (key, value, and about 32 bytes
 // of revisions and framing), and never fewer than WithPageSize. etcd counts the rest of the range for every
 // page, so listing N keys in pages of P costs it about N*N/(2P) key visits:
-// a large range lists several times faster in fewer, larger pages. Default
-// 4 MiB; 0 for pages of WithPageSize keys each; at least 0.
+// a large range lists several times faster in fewer, larger pages. A
+// grown page refused as above the Stream's receive limit (a
+// grpc.MaxCallRecvMsgSize in etcdwatch.WithCallOptions) is asked for again
+// at WithPageSize keys, as are the pages after it. Default 4 MiB; 0 for
+// pages of WithPageSize keys each; at least 0.
 func WithPageBytes(n int) Option { return func(o *options) { o.pageBytes = n } }
 
 // WithIntegrityCheck makes the view compare itself, every interval, with a
