@@ -228,9 +228,9 @@ func (g *Group) WatchPinned(ctx context.Context, r etcdwatch.Request) (*etcdwatc
 // nothing, and its error names it by its index in rs; when one Stream's
 // share fails (a refusal, ctx, Close), the call returns that error at
 // once, wrapped with the Stream's name, and every watch opened on the
-// other Streams is canceled, now or as soon as its Stream answers. (The
-// Stream's own error names a refused request by its place among those
-// given to that Stream, and by its range.)
+// other Streams is canceled, now or as soon as its Stream answers. A
+// refusal is a *etcdwatch.RequestError naming the request by its index in
+// rs, wrapped with the Stream's name.
 func (g *Group) WatchAll(ctx context.Context, rs ...etcdwatch.Request) ([]*etcdwatch.Watch, error) {
 	if len(rs) == 0 {
 		return nil, nil

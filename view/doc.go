@@ -18,6 +18,8 @@
 //
 // Every method of View and Snapshot is safe for concurrent use; a
 // Subscription's Next is for one goroutine at a time, its Close for any.
-// A View's state runs one goroutine (one more with WithIntegrityCheck, and
-// one while it asks for a bookmark); Done is closed once they have returned.
+// A View's state runs one goroutine (one more with WithIntegrityCheck, one
+// more with WithStateFile, and one while it asks for a bookmark, and, on
+// servers before etcd 3.7, one while it reads a page of its listing); Done
+// is closed once they have returned.
 package view

@@ -65,7 +65,7 @@ func WithIntegrityCheck(interval time.Duration) Option {
 }
 
 // WithBookmarkInterval sets how long a view may go without hearing from the
-// server before it asks for progress (Source.RequestProgress), so that its
+// server before it asks for progress (on its watch, Watch.RequestProgress), so that its
 // revision, and the revision its watch would resume from after a reconnect,
 // keep up with the store even when nobody writes its range: an idle range is
 // then not compacted out from under it. 0 leaves that to the server's own

@@ -59,8 +59,9 @@ type View[T any] struct {
 // etcdwatch.ErrInvalidArgument.
 //
 // The listing reads linearizably at a revision R: with etcd 3.7's RangeStream
-// (one snapshot, streamed) where the server has it, else with pages of
-// WithPageSize keys, each pinned to R. It retries, after src's RetryDelay
+// (one snapshot, streamed) where the server has it, else with a first page
+// of WithPageSize keys and pages of about WithPageBytes after it, each
+// pinned to R. It retries, after src's RetryDelay
 // (a Stream's WithReconnectBackoff), what may succeed when tried again.
 func New[T any](ctx context.Context, src Source, r etcdwatch.Request, decode Decoder[T], opts ...Option) (*View[T], error) {
 	o := defaultOptions()
