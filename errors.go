@@ -124,6 +124,7 @@ var reasonKinds = [...]error{
 	rpcerr.Other:            ErrServerCanceled,
 	rpcerr.PermissionDenied: ErrPermissionDenied,
 	rpcerr.Unauthenticated:  ErrUnauthenticated,
+	rpcerr.NoUser:           ErrUnauthenticated,
 	rpcerr.InvalidRequest:   ErrInvalidRequest,
 	rpcerr.Compacted:        ErrCompacted,
 }

@@ -31,7 +31,10 @@ var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
 // across token expiry: the create that met the old token is tried once
 // more on a new stream, which carries the new token, and every other watch
 // resumes on it from its next revision, nothing lost. A unary RPC refused
-// for its token is tried once more with a new one.
+// for its token is tried once more with a new one. An RPC that waits for a
+// ready connection (grpc.WaitForReady) waits for its token likewise: the
+// Authenticate made for it waits too, and is tried again until it
+// succeeds, is refused, or the RPC's context ends.
 //
 // A wrong user name or password is final: the RPC (for a Stream, its
 // first Watch stream, so every watch of the Stream) fails with an error
@@ -86,7 +89,34 @@ func (a *tokenAuth) current() (string, bool, error) {
 // get returns a token to use, authenticating if there is none. A refused
 // user or password is asked for once: every RPC after gets that refusal
 // (the Stream's release probe and its first Watch stream race for it).
-func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error) {
+// For an RPC that waits for a ready connection (grpc.WaitForReady, given
+// to the call or as a default call option), Authenticate waits too, and is
+// tried again, spaced, until it succeeds, is refused, or ctx ends.
+func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.CallOption) (string, error) {
+	ready := waitsForReady(opts)
+	for {
+		tok, err := a.getOnce(ctx, cc, ready)
+		var refused *authError
+		if err == nil || !ready || ctx.Err() != nil || errors.As(err, &refused) {
+			return tok, err
+		}
+	}
+}
+
+// waitsForReady reports whether opts make an RPC wait for a ready
+// connection rather than fail fast; the last such option wins.
+func waitsForReady(opts []grpc.CallOption) bool {
+	ready := false
+	for _, o := range opts {
+		if ff, ok := o.(grpc.FailFastCallOption); ok {
+			ready = !ff.FailFast
+		}
+	}
+	return ready
+}
+
+// getOnce is one try of get.
+func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn, ready bool) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
 	}
@@ -107,7 +137,7 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error
 			return "", status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	tok, err := a.authenticate(ctx, cc)
+	tok, err := a.authenticate(ctx, cc, ready)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
@@ -122,13 +152,14 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn) (string, error
 	return tok, nil
 }
 
-// authenticate asks the server for a new token. A refusal of the user or
-// password is an *authError; other errors (no connection, no leader) are
-// returned as they are, for the caller to try again.
-func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, error) {
+// authenticate asks the server for a new token, waiting for a ready
+// connection if ready is set. A refusal of the user or password is an
+// *authError; other errors (no connection, no leader) are returned as they
+// are, for the caller to try again.
+func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn, ready bool) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, authTimeout)
 	defer cancel()
-	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password})
+	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(ready))
 	switch {
 	case err == nil:
 		return resp.Token, nil
@@ -162,12 +193,12 @@ func (a *tokenAuth) unary(ctx context.Context, method string, req, reply any, cc
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	for retried := false; ; retried = true {
-		tok, err := a.get(ctx, cc)
+		tok, err := a.get(ctx, cc, opts)
 		if err != nil {
 			return err
 		}
 		err = invoker(withToken(ctx, tok), method, req, reply, cc, opts...)
-		if err == nil || retried || !refusedToken(status.Convert(err).Message()) {
+		if err == nil || retried || !refusedToken(status.Convert(err).Message(), tok) {
 			return err
 		}
 		a.invalidate(tok)
@@ -178,13 +209,13 @@ func (a *tokenAuth) unary(ctx context.Context, method string, req, reply any, cc
 // that token: the stream's error (RangeStream's, say), or on a Watch
 // stream a create refused for it.
 func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	tok, err := a.get(ctx, cc)
+	tok, err := a.get(ctx, cc, opts)
 	if err != nil {
 		return nil, err
 	}
 	cs, err := streamer(withToken(ctx, tok), desc, cc, method, opts...)
 	if err != nil {
-		if refusedToken(status.Convert(err).Message()) {
+		if refusedToken(status.Convert(err).Message(), tok) {
 			a.invalidate(tok)
 		}
 		return cs, err
@@ -218,16 +249,25 @@ func (s *tokenStream) RecvMsg(m any) error {
 	if err != nil {
 		reason = status.Convert(err).Message()
 	}
-	if reason != "" && refusedToken(reason) {
+	if reason != "" && refusedToken(reason, s.token) {
 		s.auth.invalidate(s.token)
 	}
 	return err
 }
 
-// refusedToken reports whether a server's reason refuses the caller's
-// token (invalid or expired, or older than the auth store).
-func refusedToken(reason string) bool {
-	return rpcerr.Classify(reason) == rpcerr.Unauthenticated
+// refusedToken reports whether a server's reason refuses tok, the token
+// the RPC carried: invalid or expired, or older than the auth store; or,
+// for an RPC that carried none (auth was off when the connection asked),
+// that it names no user. An RPC that carried a token and is told it names
+// no user (an admin RPC given an empty user name) keeps its token.
+func refusedToken(reason, tok string) bool {
+	switch rpcerr.Classify(reason) {
+	case rpcerr.Unauthenticated:
+		return true
+	case rpcerr.NoUser:
+		return tok == ""
+	}
+	return false
 }
 
 func withToken(ctx context.Context, tok string) context.Context {

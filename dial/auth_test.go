@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -304,4 +305,113 @@ func TestAuthLearnerIsNoRefusal(t *testing.T) {
 	require.NotErrorIs(t, err, dial.ErrAuthFailed)
 	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
 	require.NoError(t, err, "authenticated again (after authSpacing)")
+}
+
+// TestAuthWaitsForReadyWithTheCall: an RPC made with grpc.WaitForReady
+// while no member can be reached waits for one, with WithPassword as
+// without: the Authenticate made for it waits too, and the RPC succeeds
+// once the member is up. Catches: an Authenticate that fails fast and
+// fails the waiting RPC with Unavailable.
+func TestAuthWaitsForReadyWithTheCall(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())          // the member is down for now
+	asked := make(chan []grpc.CallOption, 1) // the options of the first Authenticate
+	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == pb.Auth_Authenticate_FullMethodName {
+			select {
+			case asked <- opts:
+			default:
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := dial.New([]string{addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	conn.Connect()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	for s := conn.GetState(); s != connectivity.TransientFailure; s = conn.GetState() {
+		require.True(t, conn.WaitForStateChange(ctx, s), "the channel never failed to connect")
+	}
+
+	res := make(chan error, 1)
+	go func() { // exits when the Range returns, within ctx
+		_, err := pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+		res <- err
+	}()
+	var opts []grpc.CallOption
+	select {
+	case opts = <-asked:
+	case err := <-res:
+		t.Fatalf("the Range returned before Authenticate was asked: %v", err)
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	select {
+	case err := <-res:
+		t.Fatalf("the Range did not wait for the member: %v", err)
+	default:
+	}
+	a := &authServer{password: "pw", valid: map[string]bool{}, addr: addr}
+	lis, err = net.Listen("tcp", addr) // the member comes back
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, a)
+	pb.RegisterKVServer(srv, a)
+	serve(t, srv, lis)
+	require.NoError(t, <-res)
+	require.Contains(t, opts, grpc.CallOption(grpc.WaitForReady(true)), "Authenticate waits for a ready connection, as the call does")
+	require.Equal(t, 1, a.authenticated())
+}
+
+// userAdmin is a fake etcd whose Authenticate always succeeds, and whose
+// UserAdd refuses an empty name as etcd does (ErrGRPCUserEmpty).
+type userAdmin struct {
+	pb.UnimplementedAuthServer
+	mu     sync.Mutex
+	issued int
+}
+
+func (s *userAdmin) Authenticate(context.Context, *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.issued++
+	return &pb.AuthenticateResponse{Token: fmt.Sprint("tok", s.issued)}, nil
+}
+
+func (s *userAdmin) UserAdd(_ context.Context, r *pb.AuthUserAddRequest) (*pb.AuthUserAddResponse, error) {
+	if r.Name == "" {
+		return nil, rpctypes.ErrGRPCUserEmpty
+	}
+	return &pb.AuthUserAddResponse{}, nil
+}
+
+// TestAuthKeepsTheTokenOnAnEmptyUserName: an RPC that carried a token and
+// is told "user name is empty" (an admin RPC given an empty name) keeps
+// its token: no Authenticate again. Catches: the reason taken for a
+// refused token, the token dropped and asked for again at every such call.
+func TestAuthKeepsTheTokenOnAnEmptyUserName(t *testing.T) {
+	s := &userAdmin{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, s)
+	serve(t, srv, lis)
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	auth := pb.NewAuthClient(conn)
+	_, err = auth.UserAdd(t.Context(), &pb.AuthUserAddRequest{Name: "bob"})
+	require.NoError(t, err)
+	for range 3 {
+		_, err = auth.UserAdd(t.Context(), &pb.AuthUserAddRequest{Name: ""})
+		require.ErrorContains(t, err, "user name is empty")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Equal(t, 1, s.issued, "Authenticate calls")
 }

@@ -45,6 +45,7 @@ const (
 	Other            Kind = iota // none of the below
 	PermissionDenied             // the user may not read the range
 	Unauthenticated              // the token is invalid, expired or older than the auth store
+	NoUser                       // the request named no user: it carried no token while auth is on (or an admin RPC named an empty user)
 	InvalidRequest               // the server refused the request as malformed
 	Compacted                    // the start revision has been compacted
 )
@@ -60,7 +61,7 @@ var reasons = []struct {
 	{"permission denied", PermissionDenied},
 	{"invalid auth token", Unauthenticated},
 	{"revision of auth store is old", Unauthenticated},
-	{"user name is empty", Unauthenticated},
+	{"user name is empty", NoUser},
 	{"range is empty", InvalidRequest},
 	{"duplicate watch id", InvalidRequest},
 	{"compacted", Compacted}, // etcd 3.7 refuses a negative start revision so

@@ -16,7 +16,7 @@ func TestClassify(t *testing.T) {
 		"rpc error: code = PermissionDenied desc = etcdserver: permission denied":            PermissionDenied,
 		"etcdserver: invalid auth token":                                                     Unauthenticated,
 		"rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old": Unauthenticated,
-		"etcdserver: user name is empty":                                                     Unauthenticated,
+		"etcdserver: user name is empty":                                                     NoUser,
 		"mvcc: watcher range is empty":                                                       InvalidRequest,
 		"mvcc: duplicate watch ID provided on the WatchStream":                               InvalidRequest,
 		"etcdserver: mvcc: required revision has been compacted":                             Compacted,
