@@ -18,8 +18,8 @@ import (
 
 // pagedLister is a lister of the range v/ on a scripted server holding n
 // keys v/00, v/01, ... with one-byte values (37 bytes a key with the 32
-// the lister adds for revisions and framing), which lists
-// in pages of page keys and then of about bytes bytes.
+// the lister adds for revisions and framing), which lists in pages of page
+// keys and then of about bytes bytes.
 func pagedLister(t *testing.T, n, page, bytes int) (*lister, *ws.KV) {
 	server := ws.Start(t)
 	kv := server.KV()
@@ -62,9 +62,10 @@ func TestPagesAskForTheNextPageFirst(t *testing.T) {
 }
 
 // TestPagesGrowToTheirBytes: after the first page, a page asks for as many
-// keys as the byte target holds at the mean size read so far, and never
-// fewer than the first. Catches: fixed pages, a limit from the last page
-// alone, or one below WithPageSize.
+// keys as the byte target holds at the mean size of the page before, never
+// fewer than the first and at most twice the page before. Catches: fixed
+// pages, a limit below WithPageSize, a page grown past twice the one
+// before (keys that grow large after small ones would make it huge).
 func TestPagesGrowToTheirBytes(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -73,7 +74,7 @@ func TestPagesGrowToTheirBytes(t *testing.T) {
 	}{
 		{"grows to 4 keys of 37 bytes", 2, 4 * 37, []int64{2, 4, 4}},
 		{"never below the first page", 3, 5, []int64{3, 3, 3, 3}},
-		{"one page holds the rest", 2, 1 << 20, []int64{2, (1 << 20) / 37}},
+		{"at most twice the page before", 2, 1 << 20, []int64{2, 4, 8}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, kv := pagedLister(t, 10, tc.page, tc.bytes)
@@ -104,18 +105,40 @@ func TestPagesEndWithTheTakersError(t *testing.T) {
 // on a page only this listing made that large.
 func TestPagesShrinkBackWhenTooLarge(t *testing.T) {
 	l, kv := pagedLister(t, 0, 2, 1<<20)
-	for i := range 10 {
+	var want []string
+	for i := range 20 {
 		kv.Put(fmt.Sprintf("v/%02d", i), strings.Repeat("x", 100))
+		want = append(want, fmt.Sprintf("v/%02d", i))
 	}
-	l.call = append(l.call, grpc.MaxCallRecvMsgSize(600)) // 2 keys fit, 4 do not
+	l.call = append(l.call, grpc.MaxCallRecvMsgSize(600)) // 4 keys of about 120 bytes fit, 8 do not
 	var keys []string
 	_, err := l.pages(context.Background(), listing{}, func(kv *mvccpb.KeyValue) error {
 		keys = append(keys, string(kv.Key))
 		return nil
 	})
 	require.NoError(t, err)
-	require.Equal(t, []string{"v/00", "v/01", "v/02", "v/03", "v/04", "v/05", "v/06", "v/07", "v/08", "v/09"}, keys)
-	ls := limits(kv.Requests())
-	require.Greater(t, ls[1], int64(2), "the second page grew: %v", ls)
-	require.Equal(t, []int64{2, 2, 2, 2, 2}, append(ls[:1:1], ls[2:]...), "the refused page again, and the rest, at the first's size")
+	require.Equal(t, want, keys)
+	require.Equal(t, []int64{2, 4, 8, 2, 2, 2, 2, 2, 2, 2}, limits(kv.Requests()),
+		"pages of 2 and 4 keys; 8 refused, asked for again, and the rest, at the first's size")
+}
+
+// TestPagesShrinkWhenKeysGrow: a page is sized by the page before, so
+// pages grow while keys are small and shrink back, not below the first,
+// once they are large. Catches: a size from the mean of the whole listing
+// (keys that grow large after many small ones would make pages huge).
+func TestPagesShrinkWhenKeysGrow(t *testing.T) {
+	l, kv := pagedLister(t, 0, 2, 4096)
+	for i := range 16 {
+		value := "x" // 37 bytes a key
+		if i >= 4 {
+			value = strings.Repeat("x", 1000) // 1,036
+		}
+		kv.Put(fmt.Sprintf("v/%02d", i), value)
+	}
+	n := 0
+	_, err := l.pages(context.Background(), listing{}, func(*mvccpb.KeyValue) error { n++; return nil })
+	require.NoError(t, err)
+	require.Equal(t, 16, n)
+	// 2 small; then twice that; 2 small and 2 large (536 a key): 7; 7 large: 3.
+	require.Equal(t, []int64{2, 4, 7, 3}, limits(kv.Requests()))
 }

@@ -45,8 +45,9 @@ func WithPageSize(keys int) Option { return func(o *options) { o.pageSize = keys
 
 // WithPageBytes sets about how many bytes each page of a listing after the
 // first asks for, on servers before etcd 3.7: as many keys as n bytes hold
-// at the mean size of the keys read so far (key, value, and about 32 bytes
-// of revisions and framing), and never fewer than WithPageSize. etcd counts the rest of the range for every
+// at the mean size of the keys of the page before (key, value, and about
+// 32 bytes of revisions and framing), never fewer than WithPageSize and at
+// most twice as many as the page before. etcd counts the rest of the range for every
 // page, so listing N keys in pages of P costs it about N*N/(2P) key visits:
 // a large range lists several times faster in fewer, larger pages. A
 // grown page refused as above the Stream's receive limit (a

@@ -55,13 +55,15 @@ func (l *lister) pages(ctx context.Context, at listing, fn func(*mvccpb.KeyValue
 const kvOverhead = 32
 
 // pager sizes the pages of one paged listing. After the first page, a page
-// asks for as many keys as bytes holds at the mean size of the keys read
-// so far, and at least as many as the first. Owned by pages.
+// asks for as many keys as bytes holds at the mean size of the keys of the
+// page before, at least as many as the first page and at most twice as
+// many as the page before: a range whose keys grow large after small ones
+// gets pages at most twice its first page's keys before they shrink back.
+// Owned by pages.
 type pager struct {
 	*lister
-	req         *pb.RangeRequest // the page asked for last
-	bytes       int64            // what a page aims at; 0: the first page's size
-	keys, taken int64            // keys and their bytes read so far
+	req   *pb.RangeRequest // the page asked for last
+	bytes int64            // what a page aims at; 0: the first page's size
 }
 
 // took notes the page r, the answer to p.req, and reports whether there
@@ -73,24 +75,26 @@ func (p *pager) took(r *pb.RangeResponse) bool {
 	if !r.More || len(r.Kvs) == 0 {
 		return false
 	}
-	for _, kv := range r.Kvs {
-		p.taken += int64(len(kv.Key) + len(kv.Value) + kvOverhead)
-	}
-	p.keys += int64(len(r.Kvs))
 	last := r.Kvs[len(r.Kvs)-1].Key
 	p.req = &pb.RangeRequest{
 		Key:      append(last[:len(last):len(last)], 0), // the next key after the last; fn may keep last
-		RangeEnd: p.req.RangeEnd, Limit: p.limit(), Revision: p.req.Revision, KeysOnly: p.req.KeysOnly,
+		RangeEnd: p.req.RangeEnd, Limit: p.limit(r.Kvs), Revision: p.req.Revision, KeysOnly: p.req.KeysOnly,
 	}
 	return true
 }
 
-// limit is how many keys the next page asks for.
-func (p *pager) limit() int64 {
-	if p.bytes == 0 || p.taken == 0 {
+// limit is how many keys the page after kvs, the page p.req asked for,
+// asks for.
+func (p *pager) limit(kvs []*mvccpb.KeyValue) int64 {
+	if p.bytes == 0 {
 		return p.page
 	}
-	return max(p.page, p.bytes/max(1, p.taken/p.keys))
+	taken := int64(0)
+	for _, kv := range kvs {
+		taken += int64(len(kv.Key) + len(kv.Value) + kvOverhead)
+	}
+	mean := max(1, taken/int64(len(kvs)))
+	return min(max(p.page, p.bytes/mean), 2*p.req.Limit)
 }
 
 // tooLarge reports whether err refuses a page grown past the first's size

@@ -213,7 +213,11 @@ func (v *View[T]) WaitForRevision(ctx context.Context, rev int64) error {
 // Range of the range instead, sorted by revision and without values,
 // waits until the view holds as many keys, none changed since (the state
 // that read saw), and moves the view to the read's revision. That Range
-// makes the server read the whole range, without sending it.
+// makes the server read the whole range, without sending it. It cannot
+// see a key created and deleted again after the view's revision: if the
+// watch had not yet delivered that pair, the view moves past it (its
+// state is right, the pair having left nothing) and subscribers never get
+// that creation and deletion.
 //
 // A read that fails for a reason that may pass (Unavailable, as through a
 // member's outage) is made again after the Source's RetryDelay, until ctx
@@ -231,7 +235,9 @@ func (v *View[T]) Sync(ctx context.Context) error {
 // Subscribe returns a subscription to the view's batches for a subscriber
 // that holds the state at rev: a Snapshot's Revision, or the Revision of
 // the last batch it applied, saved across a restart of its own if need
-// be. It gets every change after rev, in batches that start at rev. For
+// be. It gets every change after rev, in batches that start at rev (but
+// for a key created and deleted again that a Sync by read moved the view
+// past; see Sync). For
 // rev <= 0 (it holds nothing), or a rev the view's history no longer
 // reaches back to, the first batch is a Resync of the current state. The
 // view never waits for a subscriber: one that falls more than
