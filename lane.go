@@ -102,13 +102,18 @@ func (l *lane) await(ctx context.Context, p *progressWaiter) progressResult {
 // combine is the State of a Stream with lanes a and b: connected while
 // both are, since that last changed, and the later error.
 func combine(a, b State) State {
-	st := a // Failed: the main stream's (a's)
+	st := laterError(a, b) // Failed: the main stream's (a's)
 	st.Connected = a.Connected && b.Connected
 	st.Since = health.Since(a.Connected, a.Since, b.Connected, b.Since)
-	if b.LastErrorAt.After(a.LastErrorAt) {
-		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
-	}
 	return st
+}
+
+// laterError is a with b's LastError if b's is the later.
+func laterError(a, b State) State {
+	if b.LastErrorAt.After(a.LastErrorAt) {
+		a.LastError, a.LastErrorAt = b.LastError, b.LastErrorAt
+	}
+	return a
 }
 
 // storeMax raises c to v if v is higher.

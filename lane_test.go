@@ -162,3 +162,54 @@ func TestProgressLeavesOutALaneThatFailed(t *testing.T) {
 	require.Equal(t, int64(9), r.rev)
 	require.True(t, next(t, v).IsProgress())
 }
+
+// TestHandleFailingForGoodEndsEveryWatchWithIt: a call whose watches are on
+// both lanes, the main one failing for good while the isolated create is
+// unanswered, fails with ErrStreamFailed, and each of its watches ends
+// with that error, not ErrCanceled. Catches: the failure taken for the
+// refusal of the one watch it reached first, the others told they were
+// canceled.
+func TestHandleFailingForGoodEndsEveryWatchWithIt(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	iso := etcdwatch.Key("iso")
+	iso.Isolated = true
+	res := h.handleAsync(context.Background(), rec.handler(), etcdwatch.Key("main"), iso)
+	isoSrv := h.server.Accept(t)
+	h.srv.RecvCreate(t)
+	isoSrv.RecvCreate(t) // never answered
+	h.srv.Close(status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
+	r := recv(t, res, "Handle")
+	require.ErrorIs(t, r.err, etcdwatch.ErrStreamFailed)
+	rec.await(t, func() bool { return len(rec.ends) == 2 }, "both watches ended")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for w, err := range rec.ends {
+		require.ErrorIs(t, err, etcdwatch.ErrStreamFailed, "watch %q ends with the call's error", w.Request().Key)
+	}
+}
+
+// TestIsolatedLaneFailedForGoodIsReplaced: when the isolated watches'
+// stream fails for good (a response above the receive limit), its watches
+// end; the Stream's State says what happened without reading as a
+// disconnection of the Stream, whose main stream works on; and the next
+// isolated watch gets a new stream. Catches: isolated watches (so every
+// view) refused for good, with a State that looks like a passing outage.
+func TestIsolatedLaneFailedForGoodIsReplaced(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	main := h.watch(etcdwatch.Key("m"), 5)
+	v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	iso.Send(t, ws.Events(v.ID(), 6, ws.Put("v/x", strings.Repeat("x", 2<<10), 6)))
+	require.ErrorIs(t, ended(t, v), etcdwatch.ErrStreamFailed)
+
+	st := h.s.State()
+	require.True(t, st.Connected, "the main stream is connected: %+v", st)
+	require.NoError(t, st.Failed, "the Stream can watch")
+	require.Equal(t, codes.ResourceExhausted, status.Code(st.LastError), "the isolated stream's failure is the last error")
+
+	w, iso2 := h.isolated(etcdwatch.Prefix("w/"), 7, nil) // on a new gRPC stream: nil makes isolated accept one
+	iso2.Send(t, ws.Events(w.ID(), 8, ws.Put("w/a", "1", 8)))
+	require.Equal(t, int64(8), next(t, w).Revision, "the new isolated stream delivers")
+	h.srv.Send(t, ws.Events(main.ID(), 8, ws.Put("m", "1", 8)))
+	require.Equal(t, int64(8), next(t, main).Revision, "the main stream works on")
+}

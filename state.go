@@ -30,7 +30,9 @@ type State struct {
 	// ErrStreamFailed): its watches have ended, Watch refuses new ones
 	// (but isolated ones, which have a stream of their own) and no new
 	// stream is tried. Nil while the Stream can watch: a failure a new
-	// stream may overcome is only LastError.
+	// stream may overcome is only LastError. When the isolated watches'
+	// stream fails for good, they end, its failure is LastError, and the
+	// next isolated watch opens a new stream.
 	Failed error
 }
 

@@ -36,6 +36,7 @@ type Stream struct {
 
 	mu       sync.Mutex
 	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
+	retired  []*lane     // isolated lanes that failed for good and were replaced; guarded by mu
 	release  *versionCmd // what probeRelease learned, for lanes opened after; guarded by mu
 	closed   bool        // Close has begun: no lane opens; guarded by mu
 }
@@ -187,9 +188,13 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	if err == nil {
 		return ws, -1, nil
 	}
+	whole := errors.Is(err, ErrClosed) || errors.Is(err, ErrStreamFailed)
+	if whole {
+		failed = nil // told to one watch first, but it concerns them all: each ends with it
+	}
 	s.cancelAll(ws, failed, err)
-	if errors.Is(err, ErrClosed) || errors.Is(err, ErrStreamFailed) {
-		return nil, -1, err // told to every watch, whichever came first
+	if whole {
+		return nil, -1, err
 	}
 	return nil, slices.Index(ws, failed), err
 }
@@ -263,10 +268,11 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int
 // while one waits for a future revision, so the request is repeated
 // (WithProgressRetry) until answered or ctx ends: bound ctx. Watch's
 // RequestProgress asks for a watch's own lane only, which for an isolated
-// watch waits for none of the others. It returns ErrNoWatches when the
-// stream has no watch the server could answer for, and the stream's
-// failure (ErrStreamFailed) once it has failed for good; an isolated lane
-// that failed for good, whose watches all ended, is left out.
+// watch waits for none of the others. A gRPC stream that failed for good,
+// whose watches all ended, is left out (the main one, or the isolated
+// watches'); the call returns that failure (ErrStreamFailed) when no other
+// is left, and ErrNoWatches when no watch is left the server could answer
+// for.
 //
 // On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7 (etcd #15220), whose answers can
 // run ahead of events, it returns ErrProgressUnsupported: the Stream asks
@@ -313,11 +319,16 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // watches it is connected while both lanes are, once the isolated lane's
 // server has first answered: until then, as it opens for the first
 // isolated watch (a view's), only a failure of its own counts, so that
-// opening a view does not read as a disconnection.
+// opening a view does not read as a disconnection. An isolated lane that
+// failed for good counts by its error only.
 func (s *Stream) State() State {
 	st := s.main.state.get()
 	if iso := s.isolatedLane(false); iso != nil {
-		if ist, opening := iso.state.opening(); !opening {
+		ist, opening := iso.state.opening()
+		switch {
+		case ist.Failed != nil: // its watches ended; the next isolated watch opens a new one
+			st = laterError(st, ist)
+		case !opening:
 			st = combine(st, ist)
 		}
 	}
@@ -340,8 +351,19 @@ func (s *Stream) Close() error {
 	for _, l := range s.lanes() {
 		<-l.exited
 	}
+	for _, l := range s.retiredLanes() {
+		<-l.exited
+	}
 	s.pumps.Wait()
 	return nil
+}
+
+// retiredLanes returns the isolated lanes that failed for good and were
+// replaced: their dispatchers run, refusing, until Close.
+func (s *Stream) retiredLanes() []*lane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.retired
 }
 
 // lanes returns the Stream's lanes: the main one, and the isolated one if
@@ -364,11 +386,16 @@ func (s *Stream) laneFor(r Request) *lane {
 }
 
 // isolatedLane returns the lane of isolated watches, opening it if open is
-// set and the Stream is not closing; nil if there is none.
+// set and the Stream is not closing; nil if there is none. One that has
+// failed for good (its watches ended) is replaced when open is set: the
+// main lane works on, and so can a new stream for isolated watches.
 func (s *Stream) isolatedLane(open bool) *lane {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.isolated == nil && open && !s.closed {
+	if open && !s.closed && (s.isolated == nil || s.isolated.state.get().Failed != nil) {
+		if s.isolated != nil {
+			s.retired = append(s.retired, s.isolated)
+		}
 		s.isolated = s.startLane()
 		if s.release != nil {
 			s.isolated.command(*s.release)
