@@ -50,7 +50,8 @@ type progressState struct {
 	next            []*progressWaiter // joined after that request was sent
 	held            []*progressWaiter // arrived before the servers' release was known
 	inFlight        bool
-	clock.Stoppable // runs while a request is in flight
+	queued          bool // a request waits in the outbox, not yet handed to the session
+	clock.Stoppable      // runs while a request is in flight
 
 	// covers are the requests in flight on this stream, oldest first, in
 	// runs of requests sent after the same last create id; covered is the
@@ -212,10 +213,18 @@ func (d *dispatcher) hasWatches() bool {
 	return len(d.watches) > 0 || d.pending.Len() > 0 || d.toCreate.Len() > 0
 }
 
+// sendProgress asks for progress and arms the retry. A request still
+// waiting to go out (the stream is opening, as through an outage) is not
+// joined by another: asking again is for a server that ignored a request,
+// and requests piled up while the connection is down would all go out at
+// once when it is back.
 func (d *dispatcher) sendProgress() {
-	d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
 	p := &d.progress
-	p.sent(d.nextID)
+	if !p.queued {
+		d.outbox = append(d.outbox, wireRequest{kind: requestProgress})
+		p.sent(d.nextID)
+		p.queued = true
+	}
 	p.inFlight = true
 	p.Reset(d.clock, p.retry.next())
 }
@@ -253,7 +262,7 @@ func (p *progressState) suspend() {
 	for _, w := range p.waiting {
 		w.needs = allCreates // its watches are created again, with new ids
 	}
-	p.inFlight = false
+	p.inFlight, p.queued = false, false // the outbox is dropped with the stream
 	p.Stop()
 }
 

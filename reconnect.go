@@ -56,7 +56,7 @@ func (d *dispatcher) handleSessionEnd() {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
-		d.outbox = nil
+		d.outbox, d.progress.queued = nil, false
 		d.endAll(d.failed)
 		return
 	}

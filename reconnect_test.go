@@ -625,3 +625,105 @@ func TestCompactedWatchIsCanceledOnTheServer(t *testing.T) {
 	require.ErrorAs(t, ended(t, w), &ce)
 	require.Equal(t, w.ID(), h.srv.RecvCancel(t))
 }
+
+// TestProgressRequestsDoNotPileUpWhileDown: a RequestProgress call that
+// waits through an outage asks again at every retry, but a request that
+// has not gone out yet (the stream waits for its connection) is not joined
+// by more: once the connection is back, one goes out, not one for each
+// retry of the outage. Catches: a request queued at every retry, all sent
+// at once on the new stream (an hour's outage at the default 250 ms: 14,400).
+func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
+	server := ws.Start(t)
+	var (
+		up    atomic.Bool
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	up.Store(true)
+	conn, err := grpc.NewClient("passthrough:///flaky",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			if !up.Load() {
+				return nil, errors.New("connection refused (scripted)")
+			}
+			c, err := server.Connect(ctx)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			return c, err
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	clk := clock.NewFake()
+	const retry = 10 * time.Millisecond
+	s, err := etcdwatch.Open(conn, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(retry, retry))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	open := func(key string) <-chan watchResult {
+		res := make(chan watchResult, 1)
+		go func() { // ends when the watch is confirmed or the Stream closes
+			w, err := s.Watch(context.Background(), etcdwatch.Key(key))
+			res <- watchResult{w, err}
+		}()
+		return res
+	}
+	res := open("a")
+	srv := server.Accept(t)
+	c := srv.RecvCreate(t)
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NoError(t, recvResult(t, res).err)
+	got := make(chan progressResult, 1)
+	go func() { // once the Stream knows the server's release, which holds calls until then
+		rev, err := s.RequestProgress(context.Background())
+		got <- progressResult{rev, err}
+	}()
+	require.NotNil(t, srv.Recv(t).GetProgressRequest())
+	srv.Send(t, ws.Progress(-1, 1))
+	require.NoError(t, recvProgress(t, got).err)
+
+	up.Store(false) // the member goes away: the stream ends, and the next waits for a connection
+	mu.Lock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	backoff, ok := clk.AwaitArmedIn(ctx, 0, time.Second) // the new stream's backoff
+	require.True(t, ok, "no backoff armed; armed: %v", clk.Armed())
+	clk.Advance(backoff)
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the new stream never waited for a connection")
+	go func() { // ends when answered, or at ctx's end
+		rev, err := s.RequestProgress(ctx)
+		got <- progressResult{rev, err}
+	}()
+	for range 20 { // the call asks again 20 times while the connection is down
+		awaitArmed(t, clk, retry)
+		clk.Advance(retry)
+	}
+
+	up.Store(true)
+	conn.ResetConnectBackoff()
+	srv = server.Accept(t)
+	c = srv.RecvCreate(t)
+	require.Equal(t, "a", string(c.Key))
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NotNil(t, srv.Recv(t).GetProgressRequest())
+	srv.Send(t, ws.Progress(-1, 1))
+	require.NoError(t, recvProgress(t, got).err)
+	res = open("b") // a marker: its create goes out after every request queued before
+	progress := 1
+	for {
+		r := srv.Recv(t)
+		if cr := r.GetCreateRequest(); cr != nil {
+			require.Equal(t, "b", string(cr.Key))
+			srv.Send(t, ws.Created(cr.WatchId, 1))
+			break
+		}
+		require.NotNil(t, r.GetProgressRequest(), "%v", r)
+		progress++
+	}
+	require.NoError(t, recvResult(t, res).err)
+	require.Equal(t, 1, progress, "progress requests sent on the new stream")
+}
