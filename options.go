@@ -130,8 +130,9 @@ func WithConnectRetry(interval time.Duration) Option {
 // WithLiveness makes the Stream notice a stream that has gone silent, such as
 // one behind a dead connection: idle after its last message it probes the
 // server, and if nothing arrives within timeout it replaces the stream
-// (State.Connected is false from then until a server answers). An idle of
-// 0 turns the checks off. Default 30s and 10s.
+// (State.Connected is false from then until a server answers). A stream
+// still waiting for its connection is not probed: State says why it
+// cannot open. An idle of 0 turns the checks off. Default 30s and 10s.
 //
 // A probe cannot repair a TCP connection that no longer carries packets:
 // dial with gRPC keepalive for that (package dial does).

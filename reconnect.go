@@ -127,6 +127,9 @@ func (d *dispatcher) requeueAll() {
 func (d *dispatcher) handleLivenessTick() {
 	l := &d.live
 	switch {
+	case !d.sess.isOpen(): // waiting for a connection: nothing to probe, and State has why
+		l.heard, l.probing = false, false
+		l.Reset(d.clock, l.idle)
 	case l.heard: // quiet since the last burst: probe once that is idle ago
 		l.heard, l.probing = false, false
 		l.Reset(d.clock, max(l.idle-d.clock.Now().Sub(d.heardAt), 0))

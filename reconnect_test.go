@@ -634,26 +634,8 @@ func TestCompactedWatchIsCanceledOnTheServer(t *testing.T) {
 // at once on the new stream (an hour's outage at the default 250 ms: 14,400).
 func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	server := ws.Start(t)
-	var (
-		up    atomic.Bool
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	up.Store(true)
-	conn, err := grpc.NewClient("passthrough:///flaky",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			if !up.Load() {
-				return nil, errors.New("connection refused (scripted)")
-			}
-			c, err := server.Connect(ctx)
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			return c, err
-		}),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	f := newFlaky(t, server)
+	conn := f.conn
 	clk := clock.NewFake()
 	const retry = 10 * time.Millisecond
 	s, err := etcdwatch.Open(conn, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(retry, retry))
@@ -681,12 +663,7 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	srv.Send(t, ws.Progress(-1, 1))
 	require.NoError(t, recvProgress(t, got).err)
 
-	up.Store(false) // the member goes away: the stream ends, and the next waits for a connection
-	mu.Lock()
-	for _, c := range conns {
-		_ = c.Close()
-	}
-	mu.Unlock()
+	f.down() // the member goes away: the stream ends, and the next waits for a connection
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	backoff, ok := clk.AwaitArmedIn(ctx, 0, time.Second) // the new stream's backoff
@@ -703,8 +680,7 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 		clk.Advance(retry)
 	}
 
-	up.Store(true)
-	conn.ResetConnectBackoff()
+	f.up()
 	srv = server.Accept(t)
 	c = srv.RecvCreate(t)
 	require.Equal(t, "a", string(c.Key))
@@ -726,4 +702,88 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	}
 	require.NoError(t, recvResult(t, res).err)
 	require.Equal(t, 1, progress, "progress requests sent on the new stream")
+}
+
+// flaky is a connection to a scripted server whose member the test takes
+// down (its connections cut, new ones refused) and brings back.
+type flaky struct {
+	conn  *grpc.ClientConn
+	refus atomic.Bool
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newFlaky(t *testing.T, server *ws.Server) *flaky {
+	f := &flaky{}
+	conn, err := grpc.NewClient("passthrough:///flaky",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			if f.refus.Load() {
+				return nil, errors.New("connection refused (scripted)")
+			}
+			c, err := server.Connect(ctx)
+			f.mu.Lock()
+			f.conns = append(f.conns, c)
+			f.mu.Unlock()
+			return c, err
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	f.conn = conn
+	return f
+}
+
+// down cuts every connection to the member and refuses new ones.
+func (f *flaky) down() {
+	f.refus.Store(true)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+	f.conns = nil
+}
+
+// up lets connections through again, at once.
+func (f *flaky) up() {
+	f.refus.Store(false)
+	f.conn.ResetConnectBackoff()
+}
+
+// TestLivenessWaitsForTheStreamToOpen: while the stream waits for a
+// connection, the liveness checks neither probe it nor give it up as
+// silent: they look again every idle, State keeps the connection's error,
+// and no stream is counted as replaced. Once the member is back, the
+// stream opens and the watch is created. Catches: a Warn "silent" every
+// idle plus timeout of an outage, the session torn down and LastError
+// replaced by errSilent.
+func TestLivenessWaitsForTheStreamToOpen(t *testing.T) {
+	server := ws.Start(t)
+	f := newFlaky(t, server)
+	f.refus.Store(true) // down from the start
+	clk := clock.NewFake()
+	const idle, timeout = 3 * time.Second, 5 * time.Second
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk), etcdwatch.WithLiveness(idle, timeout))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	res := make(chan watchResult, 1)
+	go func() { // ends when the watch is confirmed or the Stream closes
+		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
+		res <- watchResult{w, err}
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the stream never waited for a connection")
+	for range 5 { // the checks look again every idle; had they probed, the next would be due at timeout
+		awaitArmed(t, clk, idle)
+		clk.Advance(idle)
+	}
+	require.Zero(t, s.Stats().Reconnects, "a stream waiting for its connection was given up as silent")
+	require.Contains(t, fmt.Sprint(s.State().LastError), "scripted", "State keeps why the stream cannot open")
+
+	f.up()
+	srv := server.Accept(t)
+	c := srv.RecvCreate(t)
+	require.Equal(t, "a", string(c.Key))
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NoError(t, recvResult(t, res).err)
 }

@@ -90,6 +90,7 @@ type session struct {
 	recv   chan wireResponse  // recvLoop -> dispatcher, readAhead deep
 	send   chan []wireRequest // dispatcher -> sendLoop
 	dead   chan struct{}      // closed by exit
+	opened chan struct{}      // closed by recvLoop once the stream is open
 	err    error              // why the session ended; read after dead is closed
 	ahead  atomic.Int64       // bytes of the big messages in recv
 	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
@@ -124,6 +125,7 @@ func startSession(open opener, h *hooks) *session {
 		room:   make(chan struct{}, 1),
 		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
+		opened: make(chan struct{}),
 		hooks:  h,
 	}
 	s.wg.Add(1)
@@ -143,6 +145,17 @@ func (s *session) exit(err error) {
 	})
 }
 
+// isOpen reports whether the session's stream has opened: until then it
+// waits for a connection, whose failures the opener reports.
+func (s *session) isOpen() bool {
+	select {
+	case <-s.opened:
+		return true
+	default:
+		return false
+	}
+}
+
 // close ends the session, if it is still running, and waits for its goroutines.
 func (s *session) close() {
 	s.exit(ErrClosed)
@@ -154,6 +167,7 @@ func (s *session) recvLoop(open opener) error {
 	if err != nil {
 		return err
 	}
+	close(s.opened)
 	s.wg.Add(1)
 	go func() { // exits when a Send fails or ctx ends; waited for in close
 		defer s.wg.Done()
