@@ -348,11 +348,7 @@ func TestConnectionBackoffIsCutShort(t *testing.T) {
 	s, err := etcdwatch.Open(conn, etcdwatch.WithConnectRetry(10*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	res := make(chan watchResult, 1)
-	go func() { // ends when the watch is confirmed or the Stream closes
-		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
-		res <- watchResult{w, err}
-	}()
+	res := watchAsync(context.Background(), s, etcdwatch.Key("a"))
 	srv := server.Accept(t)
 	c := srv.RecvCreate(t)
 	srv.Send(t, ws.Created(c.WatchId, 1))
@@ -397,11 +393,7 @@ func TestAbandonedCreatesAreNotSent(t *testing.T) {
 
 	up.Store(true)
 	srv := server.Accept(t)
-	res := make(chan watchResult, 1)
-	go func() { // ends when the watch is confirmed or the Stream closes
-		w, err := s.Watch(context.Background(), etcdwatch.Key("kept"))
-		res <- watchResult{w, err}
-	}()
+	res := watchAsync(context.Background(), s, etcdwatch.Key("kept"))
 	c := srv.RecvCreate(t)
 	require.Equal(t, "kept", string(c.Key), "an abandoned watch's create was sent")
 	srv.Send(t, ws.Created(c.WatchId, 1))
@@ -641,15 +633,7 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	s, err := etcdwatch.Open(conn, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(retry, retry))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	open := func(key string) <-chan watchResult {
-		res := make(chan watchResult, 1)
-		go func() { // ends when the watch is confirmed or the Stream closes
-			w, err := s.Watch(context.Background(), etcdwatch.Key(key))
-			res <- watchResult{w, err}
-		}()
-		return res
-	}
-	res := open("a")
+	res := watchAsync(context.Background(), s, etcdwatch.Key("a"))
 	srv := server.Accept(t)
 	c := srv.RecvCreate(t)
 	srv.Send(t, ws.Created(c.WatchId, 1))
@@ -688,7 +672,7 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	require.NotNil(t, srv.Recv(t).GetProgressRequest())
 	srv.Send(t, ws.Progress(-1, 1))
 	require.NoError(t, recvProgress(t, got).err)
-	res = open("b") // a marker: its create goes out after every request queued before
+	res = watchAsync(context.Background(), s, etcdwatch.Key("b")) // a marker: its create goes out after every request queued before
 	progress := 1
 	for {
 		r := srv.Recv(t)
@@ -707,17 +691,17 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 // flaky is a connection to a scripted server whose member the test takes
 // down (its connections cut, new ones refused) and brings back.
 type flaky struct {
-	conn  *grpc.ClientConn
-	refus atomic.Bool
-	mu    sync.Mutex
-	conns []net.Conn
+	conn     *grpc.ClientConn
+	refusing atomic.Bool
+	mu       sync.Mutex
+	conns    []net.Conn
 }
 
 func newFlaky(t *testing.T, server *ws.Server) *flaky {
 	f := &flaky{}
 	conn, err := grpc.NewClient("passthrough:///flaky",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			if f.refus.Load() {
+			if f.refusing.Load() {
 				return nil, errors.New("connection refused (scripted)")
 			}
 			c, err := server.Connect(ctx)
@@ -735,7 +719,7 @@ func newFlaky(t *testing.T, server *ws.Server) *flaky {
 
 // down cuts every connection to the member and refuses new ones.
 func (f *flaky) down() {
-	f.refus.Store(true)
+	f.refusing.Store(true)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, c := range f.conns {
@@ -746,7 +730,7 @@ func (f *flaky) down() {
 
 // up lets connections through again, at once.
 func (f *flaky) up() {
-	f.refus.Store(false)
+	f.refusing.Store(false)
 	f.conn.ResetConnectBackoff()
 }
 
@@ -760,17 +744,13 @@ func (f *flaky) up() {
 func TestLivenessWaitsForTheStreamToOpen(t *testing.T) {
 	server := ws.Start(t)
 	f := newFlaky(t, server)
-	f.refus.Store(true) // down from the start
+	f.refusing.Store(true) // down from the start
 	clk := clock.NewFake()
 	const idle, timeout = 3 * time.Second, 5 * time.Second
 	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk), etcdwatch.WithLiveness(idle, timeout))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	res := make(chan watchResult, 1)
-	go func() { // ends when the watch is confirmed or the Stream closes
-		w, err := s.Watch(context.Background(), etcdwatch.Key("a"))
-		res <- watchResult{w, err}
-	}()
+	res := watchAsync(context.Background(), s, etcdwatch.Key("a"))
 	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
 		wait, time.Millisecond, "the stream never waited for a connection")
 	for range 5 { // the checks look again every idle; had they probed, the next would be due at timeout

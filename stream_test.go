@@ -78,9 +78,15 @@ type watchResult struct {
 
 // watchAsync calls Watch in a goroutine; the result arrives on the channel.
 func (h *harness) watchAsync(ctx context.Context, r etcdwatch.Request) <-chan watchResult {
+	return watchAsync(ctx, h.s, r)
+}
+
+// watchAsync calls s.Watch in a goroutine, which ends when the call
+// returns; the result arrives on the channel.
+func watchAsync(ctx context.Context, s *etcdwatch.Stream, r etcdwatch.Request) <-chan watchResult {
 	ch := make(chan watchResult, 1)
 	go func() {
-		w, err := h.s.Watch(ctx, r)
+		w, err := s.Watch(ctx, r)
 		ch <- watchResult{w, err}
 	}()
 	return ch
