@@ -117,6 +117,8 @@ func (d *dispatcher) run() {
 			d.handleStallTimeout()
 		case <-d.s.closing:
 			return
+		case <-d.l.retire: // failed for good, and replaced: no watch is left
+			return
 		}
 	}
 }
@@ -172,14 +174,14 @@ func (d *dispatcher) handleCommands(c command) {
 	d.dropUnsent()
 }
 
-// shutdown ends everything the dispatcher owns, for Close: every watch is
-// aborted with ErrClosed, and every command that arrives too late is
-// refused.
+// shutdown ends everything the dispatcher owns, for Close or a retired
+// lane: every watch is aborted, and every command that arrives too late is
+// refused, with the lane's gone (ErrClosed, or a retired lane's failure).
 func (d *dispatcher) shutdown() {
 	for w := range d.tracked() {
-		d.abortWatch(w, ErrClosed)
+		d.abortWatch(w, d.l.gone)
 	}
-	d.untrackAll(ErrClosed)
+	d.untrackAll(d.l.gone)
 	if d.sess != nil {
 		d.sess.close()
 		d.l.state.ended(ErrClosed, d.sessHeard, d.clock.Now())

@@ -19,22 +19,24 @@ import (
 type lane struct {
 	s      *Stream
 	cmds   chan command  // to the dispatcher; after done, to whoever refuses what is left (refuseLeft)
-	done   chan struct{} // closed when the dispatcher has exited, after Close
+	done   chan struct{} // closed when the dispatcher has exited, after Close or retire
 	exited chan struct{} // closed after done, once what was sent too late is refused: Close waits on it
+	retire chan struct{} // closed by the Stream when it replaces the lane, which failed for good: the dispatcher exits
+	gone   error         // what commands are refused with once the dispatcher has exited: ErrClosed, or a retired lane's failure; written before retire is closed
 	state  stateBox
 }
 
 // startLane starts a lane's dispatcher; it exits at the Stream's Close,
 // which waits for it through exited.
 func (s *Stream) startLane() *lane {
-	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{}), exited: make(chan struct{})}
+	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{}), exited: make(chan struct{}), retire: make(chan struct{}), gone: ErrClosed}
 	l.state.st.Since = s.opts.clock.Now() // before the dispatcher starts
 	open := grpcOpener(s.conn, s.opts.connectivity, s.opts.callOptions, l.connectionFailed)
 	if s.opts.requireLeader {
 		open = requireLeader(open)
 	}
 	d := newDispatcher(l, open)
-	go func() { // exits when Close is called, after refusing what came too late; Close waits on exited
+	go func() { // exits at Close or when the lane is retired, after refusing what came too late; Close waits on exited
 		defer close(l.exited)
 		defer l.refuseLeft()
 		defer close(l.done)
@@ -44,7 +46,7 @@ func (s *Stream) startLane() *lane {
 }
 
 // command hands c to the lane's dispatcher; once the Stream is closed, c
-// is refused with ErrClosed instead. Either way exactly once: a command
+// is refused with ErrClosed instead (a retired lane's: with its failure). Either way exactly once: a command
 // sent into the buffer as the dispatcher left is refused by whichever of
 // this call and the lane's goroutine, both draining after done is closed,
 // takes it.
@@ -57,17 +59,17 @@ func (l *lane) command(c command) {
 		default:
 		}
 	case <-l.done:
-		c.refuse(ErrClosed)
+		c.refuse(l.gone)
 	}
 }
 
-// refuseLeft refuses with ErrClosed every command waiting for a
-// dispatcher that has stopped taking them.
+// refuseLeft refuses with l.gone every command waiting for a dispatcher
+// that has stopped taking them.
 func (l *lane) refuseLeft() {
 	for {
 		select {
 		case c := <-l.cmds:
-			c.refuse(ErrClosed)
+			c.refuse(l.gone)
 		default:
 			return
 		}

@@ -2,8 +2,10 @@ package etcdwatch_test
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -212,4 +214,27 @@ func TestIsolatedLaneFailedForGoodIsReplaced(t *testing.T) {
 	require.Equal(t, int64(8), next(t, w).Revision, "the new isolated stream delivers")
 	h.srv.Send(t, ws.Events(main.ID(), 8, ws.Put("m", "1", 8)))
 	require.Equal(t, int64(8), next(t, main).Revision, "the main stream works on")
+}
+
+// TestRetiredLanesExit: each isolated lane replaced after failing for good
+// exits; a Stream whose isolated watches fail for good again and again
+// keeps no goroutine for each. Catches: every replaced lane's dispatcher
+// left running, refusing, until Close.
+func TestRetiredLanesExit(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	h.watch(etcdwatch.Key("m"), 5)
+	fail := func() { // an isolated watch on a new lane, which a response above the limit fails for good
+		v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+		iso.Send(t, ws.Events(v.ID(), 6, ws.Put("v/x", strings.Repeat("x", 2<<10), 6)))
+		require.ErrorIs(t, ended(t, v), etcdwatch.ErrStreamFailed)
+	}
+	fail()
+	fail() // the first lane retired
+	before := runtime.NumGoroutine()
+	const n = 30
+	for range n {
+		fail()
+	}
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() < before+n/3 }, wait, time.Millisecond,
+		"goroutines: %d before %d lanes failed for good and were replaced, %d after", before, n, runtime.NumGoroutine())
 }

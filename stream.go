@@ -36,7 +36,7 @@ type Stream struct {
 
 	mu       sync.Mutex
 	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
-	retired  []*lane     // isolated lanes that failed for good and were replaced; guarded by mu
+	retired  []*lane     // isolated lanes that failed for good and were replaced, perhaps still exiting; guarded by mu
 	release  *versionCmd // what probeRelease learned, for lanes opened after; guarded by mu
 	closed   bool        // Close has begun: no lane opens; guarded by mu
 }
@@ -358,8 +358,25 @@ func (s *Stream) Close() error {
 	return nil
 }
 
-// retiredLanes returns the isolated lanes that failed for good and were
-// replaced: their dispatchers run, refusing, until Close.
+// retire stops l, an isolated lane that failed for good, which the Stream
+// replaces: its watches have ended, and commands still sent to it are
+// refused with its failure. Close waits for the lanes retired and not yet
+// exited. Called with mu held.
+func (s *Stream) retire(l *lane) {
+	l.gone = l.state.get().Failed
+	close(l.retire)
+	s.retired = append(slices.DeleteFunc(s.retired, func(l *lane) bool {
+		select {
+		case <-l.exited:
+			return true
+		default:
+			return false
+		}
+	}), l)
+}
+
+// retiredLanes returns the isolated lanes retired and perhaps not yet
+// exited.
 func (s *Stream) retiredLanes() []*lane {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -394,7 +411,7 @@ func (s *Stream) isolatedLane(open bool) *lane {
 	defer s.mu.Unlock()
 	if open && !s.closed && (s.isolated == nil || s.isolated.state.get().Failed != nil) {
 		if s.isolated != nil {
-			s.retired = append(s.retired, s.isolated)
+			s.retire(s.isolated)
 		}
 		s.isolated = s.startLane()
 		if s.release != nil {

@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -91,16 +92,28 @@ func (a *tokenAuth) current() (string, bool, error) {
 // (the Stream's release probe and its first Watch stream race for it).
 // For an RPC that waits for a ready connection (grpc.WaitForReady, given
 // to the call or as a default call option), Authenticate waits too, and is
-// tried again, spaced, until it succeeds, is refused, or ctx ends.
+// tried again, spaced, while it fails for a reason that may pass (see
+// passing), until ctx ends.
 func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.CallOption) (string, error) {
 	ready := waitsForReady(opts)
 	for {
 		tok, err := a.getOnce(ctx, cc, ready)
-		var refused *authError
-		if err == nil || !ready || ctx.Err() != nil || errors.As(err, &refused) {
+		if err == nil || !ready || ctx.Err() != nil || !passing(err) || cc.GetState() == connectivity.Shutdown {
 			return tok, err
 		}
 	}
+}
+
+// passing reports whether Authenticate failed for a reason a later try may
+// not meet: no connection or no leader (Unavailable), a member not ready
+// (FailedPrecondition, as a learner answers), or authTimeout spent waiting.
+// Not a refusal, nor a closed connection (Canceled).
+func passing(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.FailedPrecondition, codes.DeadlineExceeded:
+		return true
+	}
+	return false
 }
 
 // waitsForReady reports whether opts make an RPC wait for a ready

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,10 +144,13 @@ func (a *authServer) Range(ctx context.Context, _ *pb.RangeRequest) (*pb.RangeRe
 	a.mu.Lock()
 	a.ranges = append(a.ranges, tok)
 	a.mu.Unlock()
-	if !a.allowed(tok) {
-		return nil, rpctypes.ErrGRPCInvalidAuthToken
+	switch {
+	case a.allowed(tok):
+		return &pb.RangeResponse{Header: &pb.ResponseHeader{Revision: 1}}, nil
+	case tok == "":
+		return nil, rpctypes.ErrGRPCUserEmpty // as etcd answers a request without a token once auth is on
 	}
-	return &pb.RangeResponse{Header: &pb.ResponseHeader{Revision: 1}}, nil
+	return nil, rpctypes.ErrGRPCInvalidAuthToken
 }
 
 func (a *authServer) seen() (streams, ranges []string) {
@@ -235,6 +239,29 @@ func TestAuthNotEnabled(t *testing.T) {
 	require.NoError(t, err)
 	streams, _ := a.seen()
 	require.Equal(t, []string{""}, streams)
+}
+
+// TestAuthEnabledAfterTheConnectionAsked: a connection that learned that
+// auth was off sends no token; once auth is on, the server answers such an
+// RPC that it names no user, and the connection authenticates and tries
+// it again with a token. Catches: "user name is empty" not taken as a
+// refusal of the missing token, every RPC failing until the process
+// restarts.
+func TestAuthEnabledAfterTheConnectionAsked(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	a.mu.Lock()
+	a.disabled = true
+	a.mu.Unlock()
+	kv := pb.NewKVClient(dialAuth(t, a, "pw"))
+	_, err := kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err)
+	a.mu.Lock()
+	a.disabled = false
+	a.mu.Unlock()
+	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err)
+	_, ranges := a.seen()
+	require.Equal(t, []string{"", "", "tok1"}, ranges, "without a token, refused for it, then with one")
 }
 
 // TestAuthTokenDroppedForGeneratedClient: a Watch stream of etcd's
@@ -414,4 +441,29 @@ func TestAuthKeepsTheTokenOnAnEmptyUserName(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	require.Equal(t, 1, s.issued, "Authenticate calls")
+}
+
+// TestAuthWaitForReadyEndsWithTheConnection: an RPC that waits for a ready
+// connection, on a connection closed before it had a token, fails with
+// the closed connection's Canceled after one Authenticate, as it would
+// without WithPassword. Catches: Authenticate tried again and again,
+// every 100 ms, until the RPC's context ends.
+func TestAuthWaitForReadyEndsWithTheConnection(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	var asked atomic.Int64
+	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == pb.Auth_Authenticate_FullMethodName {
+			asked.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err = pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+	require.Equal(t, codes.Canceled, status.Code(err), "the closed connection's error: %v", err)
+	require.EqualValues(t, 1, asked.Load(), "Authenticate calls")
 }
