@@ -69,8 +69,11 @@ type fuzzServer struct {
 	echoed  bool                     // this stream has answered a create with the id it asked for
 	ids     []int64                  // live ids in creation order, for picking
 	watches []*Watch
-	wg      sync.WaitGroup  // consumers
-	ctx     context.Context // bounds some watches; ended by a step
+	asked   int               // progress requests received and not yet answered
+	opening bool              // the stream waits for its connection: nothing is sent either way
+	calls   []*progressWaiter // RequestProgress calls made
+	wg      sync.WaitGroup    // consumers
+	ctx     context.Context   // bounds some watches; ended by a step
 	cancel  context.CancelCauseFunc
 }
 
@@ -87,12 +90,17 @@ func (f *fuzzServer) reconnect() {
 	f.d.handleSessionEnd()
 	f.d.connect()
 	f.creates, f.cancels, f.ids = nil, nil, nil
-	f.echoed = false
+	f.echoed, f.asked = false, 0
 	clear(f.live)
 }
 
 func (f *fuzzServer) readOutbox() {
 	f.reconnect()
+	if f.opening {
+		f.takeCommands()
+		return // nothing goes out before the stream opens
+	}
+	queued := false
 	for _, r := range f.d.outbox {
 		req := encoded(f.t, &r)
 		switch {
@@ -100,10 +108,21 @@ func (f *fuzzServer) readOutbox() {
 			f.creates = append(f.creates, req.GetCreateRequest())
 		case req.GetCancelRequest() != nil:
 			f.cancels = append(f.cancels, req.GetCancelRequest().WatchId)
+		case req.GetProgressRequest() != nil:
+			f.asked++
+			queued = true
 		}
 	}
-	f.d.outbox = nil
-	for { // resume commands from pumps
+	if f.d.progress.queued != queued {
+		f.t.Errorf("progress.queued is %v with %v progress request in the outbox", f.d.progress.queued, queued)
+	}
+	f.d.outbox, f.d.progress.queued = nil, false // as the session takes it
+	f.takeCommands()
+}
+
+// takeCommands handles the commands waiting, such as resumes from pumps.
+func (f *fuzzServer) takeCommands() {
+	for {
 		select {
 		case c := <-f.d.l.cmds:
 			c.handle(f.d)
@@ -114,6 +133,9 @@ func (f *fuzzServer) readOutbox() {
 }
 
 func (f *fuzzServer) send(resp *pb.WatchResponse) {
+	if f.opening {
+		return // no stream to send on
+	}
 	if resp.Header == nil {
 		resp.Header = &pb.ResponseHeader{Revision: f.rev}
 	}
@@ -246,12 +268,28 @@ func (f *fuzzServer) step(op, arg byte) {
 			resp.CompactRevision = f.rev
 		}
 		f.send(resp)
-	case 8: // progress, stream-wide or for one watch
-		id := int64(-1)
-		if arg%2 == 0 {
-			id = f.pick(arg)
+	case 8: // progress: a call asks for it, its retry is due, the server answers a request, or notifies one watch
+		switch arg % 4 {
+		case 3:
+			ctx := context.Background()
+			if arg%8 == 7 {
+				ctx = f.ctx
+			}
+			p := newProgressWaiter(ctx, 0)
+			f.calls = append(f.calls, p)
+			f.d.handleProgressRequest(p)
+		case 2:
+			if f.d.progress.inFlight {
+				f.d.handleProgressTimeout()
+			}
+		case 1:
+			if f.asked > 0 {
+				f.asked--
+				f.send(&pb.WatchResponse{WatchId: -1})
+			}
+		default:
+			f.send(&pb.WatchResponse{WatchId: f.pick(arg)})
 		}
-		f.send(&pb.WatchResponse{WatchId: id})
 	case 9: // a context ends, a consumer cancels, or the server answers a cancel
 		if arg%8 == 6 {
 			f.cancel(errFuzzContext)
@@ -275,44 +313,69 @@ func (f *fuzzServer) step(op, arg byte) {
 				f.send(&pb.WatchResponse{WatchId: id, Canceled: true})
 			}
 		}
-	case 10: // the stream breaks
+	case 10: // the stream breaks, and the next may wait for its connection; or the connection is back
+		if arg%4 == 1 {
+			f.opening = false
+			return
+		}
 		f.d.sess.exit(io.EOF)
 		f.reconnect()
+		f.opening = arg%4 == 2
 	}
 }
 
 // FuzzDispatcher feeds the dispatcher arbitrary sequences of client actions
 // and server responses (two bytes a step: what, and with which argument; see
 // fuzzServer.step). It must never panic, no event may reach a watch it was not
-// sent to, and a watch's revisions never go back. Seeds: testdata/fuzz.
+// sent to, and a watch's revisions never go back. Every RequestProgress call
+// is answered once, by shutdown at the latest (unless its context ended),
+// never below the revision it began at; the dispatcher counts a progress
+// request as waiting to go out exactly when one is in its outbox. Seeds:
+// testdata/fuzz.
 func FuzzDispatcher(f *testing.F) {
-	f.Fuzz(func(t *testing.T, script []byte) {
-		s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
-		s.opts.bufferLimit = 4
-		d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
-		d.sess = startSession(d.open, nil)
-		f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
-		f.ctx, f.cancel = context.WithCancelCause(context.Background())
-		defer f.cancel(nil)
-		for i := 0; i+1 < len(script); i += 2 {
-			f.step(script[i], script[i+1])
+	f.Fuzz(fuzzDispatcher)
+}
+
+// fuzzDispatcher runs one script of FuzzDispatcher.
+func fuzzDispatcher(t *testing.T, script []byte) {
+	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
+	s.opts.bufferLimit = 4
+	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
+	d.releaseKnown = true // a release whose progress answers may be trusted
+	d.sess = startSession(d.open, nil)
+	f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
+	f.ctx, f.cancel = context.WithCancelCause(context.Background())
+	defer f.cancel(nil)
+	for i := 0; i+1 < len(script); i += 2 {
+		f.step(script[i], script[i+1])
+	}
+	close(s.closing)
+	d.shutdown()
+	s.pumps.Wait()
+	f.wg.Wait()
+	if n := s.stats.watches.Load(); n != 0 {
+		t.Errorf("%d watches still counted after shutdown", n)
+	}
+	if len(d.ctxs) != 0 {
+		t.Errorf("%d context registrations outlive their watches", len(d.ctxs))
+	}
+	for i, p := range f.calls { // each answered once, by shutdown at the latest, unless its ctx ended first
+		select {
+		case r := <-p.reply:
+			if r.err == nil && r.rev < p.minRev {
+				t.Errorf("RequestProgress call %d: revision %d below the %d it began at", i, r.rev, p.minRev)
+			}
+		default:
+			if p.ctx.Err() == nil {
+				t.Errorf("RequestProgress call %d never answered", i)
+			}
 		}
-		close(s.closing)
-		d.shutdown()
-		s.pumps.Wait()
-		f.wg.Wait()
-		if n := s.stats.watches.Load(); n != 0 {
-			t.Errorf("%d watches still counted after shutdown", n)
-		}
-		if len(d.ctxs) != 0 {
-			t.Errorf("%d context registrations outlive their watches", len(d.ctxs))
-		}
-	})
+	}
 }
 
 // testLane is a lane of s whose dispatcher a test drives by hand.
 func testLane(s *Stream) *lane {
-	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{})}
+	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{}), retire: make(chan struct{}), gone: ErrClosed}
 	s.main = l
 	return l
 }
