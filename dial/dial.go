@@ -20,8 +20,10 @@ import (
 
 // New returns a connection over the etcd members at endpoints (see the
 // package documentation for what it turns on). Endpoints are "host:port",
-// optionally with an http:// or https:// scheme; the port is required.
-// Each member's TLS certificate is verified against that member's own host
+// optionally with an http:// or https:// scheme; the port is required, and
+// an endpoint with user info (use WithPassword), a path other than "/", a
+// query or a fragment is refused rather than used in part. Errors name an
+// endpoint without its password. Each member's TLS certificate is verified against that member's own host
 // (unless the tls.Config names a ServerName).
 //
 // Transport security must be chosen in opts: WithTLS, WithTLSFiles or
@@ -149,20 +151,30 @@ func parseEndpoint(ep string) (endpoint, error) {
 	}
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
-		if err != nil || u.Host == "" {
-			return e, fmt.Errorf("%w: endpoint %q is not a URL with a host", etcdwatch.ErrInvalidArgument, ep)
+		if err != nil {
+			return e, fmt.Errorf("%w: endpoint %q is not a URL", etcdwatch.ErrInvalidArgument, ep)
+		}
+		if u.User != nil {
+			e.raw = u.Redacted() // no password in what errors say
 		}
 		e.scheme, e.host = strings.ToLower(u.Scheme), u.Host
-		if e.scheme != "http" && e.scheme != "https" {
-			return e, fmt.Errorf("%w: endpoint %q: scheme must be http or https", etcdwatch.ErrInvalidArgument, ep)
+		switch {
+		case e.scheme != "http" && e.scheme != "https":
+			return e, fmt.Errorf("%w: endpoint %q: scheme must be http or https", etcdwatch.ErrInvalidArgument, e.raw)
+		case u.User != nil:
+			return e, fmt.Errorf("%w: endpoint %q: user info in an endpoint is not used; authenticate with WithPassword", etcdwatch.ErrInvalidArgument, e.raw)
+		case u.Host == "":
+			return e, fmt.Errorf("%w: endpoint %q has no host", etcdwatch.ErrInvalidArgument, e.raw)
+		case (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+			return e, fmt.Errorf("%w: endpoint %q: etcd's gRPC endpoints have no path, query or fragment", etcdwatch.ErrInvalidArgument, e.raw)
 		}
 	}
 	_, port, err := net.SplitHostPort(e.host)
 	if err != nil {
-		return e, fmt.Errorf("%w: endpoint %q needs host:port: %w", etcdwatch.ErrInvalidArgument, ep, err)
+		return e, fmt.Errorf("%w: endpoint %q needs host:port: %w", etcdwatch.ErrInvalidArgument, e.raw, err)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return e, fmt.Errorf("%w: endpoint %q has no valid port", etcdwatch.ErrInvalidArgument, ep)
+		return e, fmt.Errorf("%w: endpoint %q has no valid port", etcdwatch.ErrInvalidArgument, e.raw)
 	}
 	return e, nil
 }

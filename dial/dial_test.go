@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -28,26 +29,35 @@ import (
 )
 
 // TestEndpoints: New takes host:port with or without a scheme, and
-// refuses an endpoint it would have to guess the port of.
+// refuses an endpoint it would have to guess the port of, or whose parts
+// it would drop (user info, a path), naming the endpoint with no password
+// and saying what is wrong.
 func TestEndpoints(t *testing.T) {
 	plain := dial.WithInsecure()
 	for _, tc := range []struct {
 		endpoint string
 		ok       bool
+		says     string // in the error, with the endpoint as named (default: the endpoint)
+		named    string
 	}{
-		{"127.0.0.1:2379", true},
-		{"localhost:2379", true},
-		{"[::1]:2379", true},
-		{"http://127.0.0.1:2379", true},
-		{"https://etcd.example:2379", false}, // TLS asked for, plain text given: see TestSecurity
-		{"unix://etcd:2379", false},
-		{"", false},
-		{"localhost", false},
-		{"http://localhost", false},
-		{"localhost:", false},
-		{"localhost:http", false},
-		{"localhost:70000", false},
-		{"http://", false},
+		{endpoint: "127.0.0.1:2379", ok: true},
+		{endpoint: "localhost:2379", ok: true},
+		{endpoint: "[::1]:2379", ok: true},
+		{endpoint: "http://127.0.0.1:2379", ok: true},
+		{endpoint: "http://127.0.0.1:2379/", ok: true},
+		{endpoint: "https://etcd.example:2379", says: "TLS"}, // TLS asked for, plain text given: see TestSecurity
+		{endpoint: "unix://etcd:2379", says: "scheme must be http or https"},
+		{endpoint: "unix:///run/etcd.sock", says: "scheme must be http or https"},
+		{endpoint: "", says: "empty endpoint"},
+		{endpoint: "localhost", says: "host:port"},
+		{endpoint: "http://localhost", says: "host:port"},
+		{endpoint: "localhost:", says: "port"},
+		{endpoint: "localhost:http", says: "port"},
+		{endpoint: "localhost:70000", says: "port"},
+		{endpoint: "http://", says: "host"},
+		{endpoint: "http://alice:secret@127.0.0.1:2379", says: "WithPassword", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://127.0.0.1:2379/v3", says: "path"},
+		{endpoint: "http://127.0.0.1:2379?x=1", says: "path"},
 	} {
 		conn, err := dial.New([]string{"127.0.0.1:2379", tc.endpoint}, plain)
 		if tc.ok {
@@ -56,7 +66,15 @@ func TestEndpoints(t *testing.T) {
 			continue
 		}
 		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, "endpoint %q", tc.endpoint)
-		require.Contains(t, err.Error(), tc.endpoint)
+		named := tc.named
+		if named == "" {
+			named = tc.endpoint
+		}
+		if named != "" {
+			require.Contains(t, err.Error(), fmt.Sprintf("%q", named))
+		}
+		require.Contains(t, err.Error(), tc.says)
+		require.NotContains(t, err.Error(), "secret", "the password in an error")
 	}
 	_, err := dial.New(nil, plain)
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
