@@ -183,7 +183,10 @@ func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn, ready
 	// InvalidArgument). FailedPrecondition is what a learner, or a member
 	// that does not know the cluster's version yet, answers on etcd 3.6+
 	// (Unavailable before): another member, or a moment later, may take it.
-	if rpcerr.Final(err) {
+	// etcd answers Authenticate with no Unauthenticated: that one is gRPC's
+	// own, the application's per-RPC credentials having failed, and says
+	// nothing of the password.
+	if rpcerr.Final(err) && status.Code(err) != codes.Unauthenticated {
 		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
 	}
 	return "", err

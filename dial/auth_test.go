@@ -2,6 +2,7 @@ package dial_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -466,4 +467,36 @@ func TestAuthWaitForReadyEndsWithTheConnection(t *testing.T) {
 	_, err = pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
 	require.Equal(t, codes.Canceled, status.Code(err), "the closed connection's error: %v", err)
 	require.EqualValues(t, 1, asked.Load(), "Authenticate calls")
+}
+
+// failingOnce is per-RPC credentials whose first call fails, as a token
+// source of the application's own might once.
+type failingOnce struct{ calls atomic.Int64 }
+
+func (c *failingOnce) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	if c.calls.Add(1) == 1 {
+		return nil, errors.New("token source unavailable (scripted)")
+	}
+	return nil, nil
+}
+
+func (c *failingOnce) RequireTransportSecurity() bool { return false }
+
+// TestAuthClientSideUnauthenticatedIsNotARefusal: an Authenticate that
+// fails with an Unauthenticated gRPC made itself (the application's own
+// per-RPC credentials failed) fails that RPC only; the next authenticates.
+// etcd refuses a wrong password with InvalidArgument. Catches: the
+// connection refused for good as if the password were wrong.
+func TestAuthClientSideUnauthenticatedIsNotARefusal(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithPerRPCCredentials(&failingOnce{})))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.NotErrorIs(t, err, dial.ErrAuthFailed, "not a refused password")
+	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+	require.NoError(t, err)
 }
