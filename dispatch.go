@@ -344,7 +344,7 @@ func (d *dispatcher) handleCanceled(resp *wireResponse) {
 		}
 		// Its consumer gets the *CompactedError, and knows what to do (a
 		// view lists again): worth telling, not warning about.
-		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1}
+		err = &CompactedError{CompactRevision: resp.CompactRevision, Revision: w.entry.rev + 1, Header: resp.Header}
 		level = slog.LevelInfo
 	}
 	d.log.Log(context.Background(), level, "etcdwatch: server ended the watch", "watch", w.Request().String(), "id", id, "err", err)

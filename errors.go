@@ -60,8 +60,9 @@ var (
 // on, read the keys with a Range (which reports its revision R), then watch
 // again FromRevision(R+1). It matches ErrCompacted.
 type CompactedError struct {
-	CompactRevision int64 // the oldest revision the server still has
-	Revision        int64 // the revision the watch needed next
+	CompactRevision int64  // the oldest revision the server still has
+	Revision        int64  // the revision the watch needed next
+	Header          Header // of the server's response that ended the watch (etcd sends Revision 0 there)
 }
 
 // Error says which revision the watch needed and how far history is gone.

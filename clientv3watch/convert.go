@@ -145,8 +145,8 @@ func final(err error, last *etcdwatch.Header) (clientv3.WatchResponse, bool) {
 	case errors.Is(err, errLeaderLost):
 		return canceled(rpctypes.ErrNoLeader.Error()), true
 	case errors.As(err, &ce):
-		h := &pb.ResponseHeader{}
-		if last != nil {
+		h := toHeader(ce.Header)                    // the server's own
+		if ce.Header.MemberID == 0 && last != nil { // a compaction the Stream met on resuming, with no response of its own
 			h = toHeader(*last)
 		}
 		h.Revision = 0 // as etcd sends it
