@@ -101,7 +101,7 @@ func (d *dispatcher) run() {
 			d.take(&resp)
 			d.drainResponses(recv)
 		case send <- d.outbox:
-			d.outbox, d.progress.queued = nil, false
+			d.clearOutbox()
 		case <-dead:
 			d.handleSessionEnd()
 			d.s.hooks.at(hookStreamEnd)

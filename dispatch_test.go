@@ -116,7 +116,7 @@ func (f *fuzzServer) readOutbox() {
 	if f.d.progress.queued != queued {
 		f.t.Errorf("progress.queued is %v with %v progress request in the outbox", f.d.progress.queued, queued)
 	}
-	f.d.outbox, f.d.progress.queued = nil, false // as the session takes it
+	f.d.clearOutbox() // as the session takes it
 	f.takeCommands()
 }
 

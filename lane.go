@@ -46,10 +46,10 @@ func (s *Stream) startLane() *lane {
 }
 
 // command hands c to the lane's dispatcher; once the Stream is closed, c
-// is refused with ErrClosed instead (a retired lane's: with its failure). Either way exactly once: a command
-// sent into the buffer as the dispatcher left is refused by whichever of
-// this call and the lane's goroutine, both draining after done is closed,
-// takes it.
+// is refused with ErrClosed instead (by a retired lane, with its failure).
+// Either way exactly once: a command sent into the buffer as the
+// dispatcher left is refused by whichever of this call and the lane's
+// goroutine, both draining after done is closed, takes it.
 func (l *lane) command(c command) {
 	select {
 	case l.cmds <- c:

@@ -213,6 +213,12 @@ func (d *dispatcher) hasWatches() bool {
 	return len(d.watches) > 0 || d.pending.Len() > 0 || d.toCreate.Len() > 0
 }
 
+// clearOutbox empties the outbox, taken by the session or dropped with its
+// stream: no progress request waits in it any more.
+func (d *dispatcher) clearOutbox() {
+	d.outbox, d.progress.queued = nil, false
+}
+
 // sendProgress asks for progress and arms the retry. A request still
 // waiting to go out (the stream is opening, as through an outage) is not
 // joined by another: asking again is for a server that ignored a request,
@@ -262,7 +268,7 @@ func (p *progressState) suspend() {
 	for _, w := range p.waiting {
 		w.needs = allCreates // its watches are created again, with new ids
 	}
-	p.inFlight, p.queued = false, false // the outbox is dropped with the stream
+	p.inFlight = false
 	p.Stop()
 }
 

@@ -56,7 +56,7 @@ func (d *dispatcher) handleSessionEnd() {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
-		d.outbox, d.progress.queued = nil, false
+		d.clearOutbox()
 		d.endAll(d.failed)
 		return
 	}
@@ -98,7 +98,7 @@ func (d *dispatcher) retryable(err error) bool {
 // order, then queued ones, then active watches, each from its next revision.
 // Requests meant for the old stream are dropped; paused watches stay paused.
 func (d *dispatcher) requeueAll() {
-	d.outbox = nil
+	d.clearOutbox()
 	clear(d.cancelling)
 	var q ring.Ring[*Watch]
 	for _, from := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {

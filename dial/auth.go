@@ -10,7 +10,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -98,7 +97,7 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.Ca
 	ready := waitsForReady(opts)
 	for {
 		tok, err := a.getOnce(ctx, cc, ready)
-		if err == nil || !ready || ctx.Err() != nil || !passing(err) || cc.GetState() == connectivity.Shutdown {
+		if err == nil || !ready || ctx.Err() != nil || !passing(err) {
 			return tok, err
 		}
 	}
@@ -107,7 +106,7 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.Ca
 // passing reports whether Authenticate failed for a reason a later try may
 // not meet: no connection or no leader (Unavailable), a member not ready
 // (FailedPrecondition, as a learner answers), or authTimeout spent waiting.
-// Not a refusal, nor a closed connection (Canceled).
+// Not a refusal, nor a closed connection (Canceled, as gRPC answers on one).
 func passing(err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable, codes.FailedPrecondition, codes.DeadlineExceeded:

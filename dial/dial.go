@@ -23,8 +23,9 @@ import (
 // optionally with an http:// or https:// scheme; the port is required, and
 // an endpoint with user info (use WithPassword), a path other than "/", a
 // query or a fragment is refused rather than used in part. Errors name an
-// endpoint without its password. Each member's TLS certificate is verified against that member's own host
-// (unless the tls.Config names a ServerName).
+// endpoint without its password. Each member's TLS certificate is verified
+// against that member's own host (unless the tls.Config names a
+// ServerName).
 //
 // Transport security must be chosen in opts: WithTLS, WithTLSFiles or
 // WithInsecure, or gRPC transport credentials given with WithGRPCOptions.

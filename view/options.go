@@ -47,10 +47,10 @@ func WithPageSize(keys int) Option { return func(o *options) { o.pageSize = keys
 // first asks for, on servers before etcd 3.7: as many keys as n bytes hold
 // at the mean size of the keys of the page before (key, value, and about
 // 32 bytes of revisions and framing), never fewer than WithPageSize and at
-// most twice as many as the page before. etcd counts the rest of the range for every
-// page, so listing N keys in pages of P costs it about N*N/(2P) key visits:
-// a large range lists several times faster in fewer, larger pages. A
-// grown page refused as above the Stream's receive limit (a
+// most twice as many as the page before. etcd counts the rest of the range
+// for every page, so listing N keys in pages of P costs it about N*N/(2P)
+// key visits: a large range lists several times faster in fewer, larger
+// pages. A grown page refused as above the Stream's receive limit (a
 // grpc.MaxCallRecvMsgSize in etcdwatch.WithCallOptions) is asked for again
 // at WithPageSize keys, as are the pages after it. Default 4 MiB; 0 for
 // pages of WithPageSize keys each; at least 0.
@@ -66,10 +66,10 @@ func WithIntegrityCheck(interval time.Duration) Option {
 }
 
 // WithBookmarkInterval sets how long a view may go without hearing from the
-// server before it asks for progress (on its watch, Watch.RequestProgress), so that its
-// revision, and the revision its watch would resume from after a reconnect,
-// keep up with the store even when nobody writes its range: an idle range is
-// then not compacted out from under it. 0 leaves that to the server's own
+// server before it asks for progress (on its watch, Watch.RequestProgress),
+// so that its revision, and the revision its watch would resume from after
+// a reconnect, keep up with the store even when nobody writes its range: an
+// idle range is then not compacted out from under it. 0 leaves that to the server's own
 // progress notifications (every 10 minutes by default). On etcd
 // 3.4.0-3.4.24 and 3.5.0-3.5.7 progress requests are unsafe and never sent
 // (see etcdwatch.ErrProgressUnsupported), so there this option does

@@ -76,11 +76,14 @@ func (p *pager) took(r *pb.RangeResponse) bool {
 		return false
 	}
 	last := r.Kvs[len(r.Kvs)-1].Key
-	p.req = &pb.RangeRequest{
-		Key:      append(last[:len(last):len(last)], 0), // the next key after the last; fn may keep last
-		RangeEnd: p.req.RangeEnd, Limit: p.limit(r.Kvs), Revision: p.req.Revision, KeysOnly: p.req.KeysOnly,
-	}
+	p.ask(append(last[:len(last):len(last)], 0), p.limit(r.Kvs)) // the next key after the last; fn may keep last
 	return true
+}
+
+// ask makes p.req the page of limit keys from key on, at the same
+// revision as the pages before.
+func (p *pager) ask(key []byte, limit int64) {
+	p.req = &pb.RangeRequest{Key: key, RangeEnd: p.req.RangeEnd, Limit: limit, Revision: p.req.Revision, KeysOnly: p.req.KeysOnly}
 }
 
 // limit is how many keys the page after kvs, the page p.req asked for,
@@ -105,7 +108,7 @@ func (p *pager) tooLarge(err error) bool {
 		return false
 	}
 	p.bytes = 0
-	p.req = &pb.RangeRequest{Key: p.req.Key, RangeEnd: p.req.RangeEnd, Limit: p.page, Revision: p.req.Revision, KeysOnly: p.req.KeysOnly}
+	p.ask(p.req.Key, p.page)
 	return true
 }
 
