@@ -193,7 +193,7 @@ func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int
 	val, err := c.decode(k, v)
 	if err != nil {
 		c.stats.decodeErrors.Add(1)
-		c.log.Debug("etcdwatch: view cannot decode a value", "key", key, "revision", mod, "err", err)
+		c.log.Debug("etcdwatch: view cannot decode a value", "key", string(k), "revision", mod, "err", err)
 		var zero T
 		val = zero
 	}

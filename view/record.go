@@ -134,9 +134,18 @@ func (ed *tableEditor[T]) entry(key string, r *record[T]) Entry[T] {
 
 // Set stores e under its key and returns the Entry it replaced and true,
 // or false when the key was new.
-func (ed *tableEditor[T]) Set(e *Entry[T]) (old Entry[T], replaced bool) {
+func (ed *tableEditor[T]) Set(e *Entry[T]) (old Entry[T], replaced bool) { return set(ed, e.Key, e) }
+
+// Put is Set for an Entry whose key is given as bytes: it sets e.Key to the
+// string the table holds, so that an update makes no string of its key.
+func (ed *tableEditor[T]) Put(key []byte, e *Entry[T]) (old Entry[T], replaced bool) {
+	return set(ed, key, e)
+}
+
+func set[T any, K cow.Key](ed *tableEditor[T], key K, e *Entry[T]) (old Entry[T], replaced bool) {
 	r, isWide := recordOf(e)
-	prev, replaced := ed.recs.Set(e.Key, r)
+	held, prev, replaced := cow.Put(ed.recs, key, r)
+	e.Key = held
 	if replaced {
 		old = ed.entry(e.Key, &prev)
 		if prev.isWide() && !isWide {

@@ -301,8 +301,8 @@ func (r *runner[T]) apply(resp etcdwatch.Response) []Change[T] {
 
 func (r *runner[T]) put(ev *etcdwatch.Event, changes []Change[T], slab *entrySlab[T]) []Change[T] {
 	kv := &ev.KeyValue
-	e := slab.keep(r.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease))
-	old, replaced := r.ed.Set(e)
+	e := slab.keep(r.entry("", kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease))
+	old, replaced := r.ed.Put(kv.Key, e) // sets e.Key: the state's own string when it has the key
 	r.raw.set(e.Key, kv.Value)
 	ch := Change[T]{Kind: Created, Key: e.Key, Revision: kv.ModRevision, Entry: e}
 	if replaced {

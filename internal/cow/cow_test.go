@@ -163,6 +163,32 @@ func requireDelete(t *testing.T, e *Editor[int], k string, wantOld int, wantDele
 	require.Equal(t, wantDeleted, deleted)
 }
 
+// TestPutByBytes checks that Put with a key as bytes stores it as Set
+// would, returns the key the editor holds, and makes no string for a key
+// it already holds.
+func TestPutByBytes(t *testing.T) {
+	var e Editor[int]
+	for i := range 100 {
+		held, _, replaced := Put(&e, []byte(key(i*2)), i) // ascending: the append path
+		require.False(t, replaced)
+		require.Equal(t, key(i*2), held)
+	}
+	held, _, replaced := Put(&e, []byte(key(1)), -1) // between two keys: the descent
+	require.False(t, replaced)
+	require.Equal(t, key(1), held)
+	held, old, replaced := Put(&e, []byte(key(42)), 421)
+	require.True(t, replaced)
+	require.Equal(t, 21, old)
+	require.Equal(t, key(42), held)
+	require.NoError(t, checkTree(e.root, 101))
+	v, _ := e.Get(key(42))
+	require.Equal(t, 421, v)
+
+	k := []byte(key(42))
+	allocs := testing.AllocsPerRun(100, func() { Put(&e, k, 7) })
+	require.Zero(t, allocs, "an update made a string of its key")
+}
+
 func TestZeroValues(t *testing.T) {
 	var m Map[int]
 	require.Equal(t, 0, m.Len())
@@ -189,14 +215,30 @@ func TestAppendOutOfOrderPanics(t *testing.T) {
 	require.Equal(t, []kv{{"b", 1}}, collect(e.All()))
 }
 
-// TestAppendFillsNodes checks that a tree built by Append keeps its nodes
+// TestAppendFillsNodes checks that a tree built by Append, or by Set in
+// ascending order (published now and then, as a view does), keeps its nodes
 // nearly full: all but the rightmost spine hold maxItems-1 items.
 func TestAppendFillsNodes(t *testing.T) {
-	var e Editor[int]
-	const n = 100_000
-	for i := range n {
-		e.Append(key(i), i)
+	for _, how := range []string{"Append", "Set"} {
+		t.Run(how, func(t *testing.T) {
+			var e Editor[int]
+			const n = 100_000
+			for i := range n {
+				if how == "Append" {
+					e.Append(key(i), i)
+				} else if _, replaced := e.Set(key(i), i); replaced {
+					t.Fatalf("Set(%q) replaced a value", key(i))
+				}
+				if i%1000 == 0 {
+					e.Map()
+				}
+			}
+			checkFull(t, &e, n)
+		})
 	}
+}
+
+func checkFull(t *testing.T, e *Editor[int], n int) {
 	require.NoError(t, checkTree(e.root, n))
 	var walk func(nd *node[int], spine bool)
 	walk = func(nd *node[int], spine bool) {

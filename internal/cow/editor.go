@@ -55,12 +55,29 @@ func (e *Editor[V]) Map() Map[V] {
 
 // Set stores v under key and returns the value it replaced and true, or the
 // zero V and false when key was new. Owner goroutine only. It copies the
-// nodes on the path to key that a published Map shares.
+// nodes on the path to key that a published Map shares. A key after every
+// other one is added as Append adds it, so that keys created in ascending
+// order (sequence numbers, timestamps) leave full nodes behind rather than
+// the half-full ones of a split.
 func (e *Editor[V]) Set(key string, v V) (old V, replaced bool) {
-	e.tail = nil
-	if e.root == nil {
-		e.root = e.newNode(true)
+	_, old, replaced = Put(e, key, v)
+	return old, replaced
+}
+
+// Key is a key as a string or as bytes.
+type Key interface{ ~string | ~[]byte }
+
+// Put is e.Set for a key given as a string or as bytes. It also returns the
+// key as the editor holds it: the string it already held when it replaced a
+// value, else a copy of key made then. A caller with bytes thus makes no
+// string of its own, and an update none at all.
+func Put[V any, K Key](e *Editor[V], key K, v V) (held string, old V, replaced bool) {
+	if e.root == nil || string(key) > e.lastKey() {
+		held = string(key)
+		e.append(item[V]{held, v})
+		return held, old, false
 	}
+	e.tail = nil
 	n := e.mut(e.root)
 	if n.full() {
 		n = e.grow(n, item[V]{}, nil)
@@ -70,15 +87,16 @@ func (e *Editor[V]) Set(key string, v V) (old V, replaced bool) {
 	// Top down: split each full node before entering it, so that the leaf
 	// has room and a split never has to climb back up.
 	for {
-		i, found := n.search(key)
+		i, found := search(n, key)
 		if found {
 			old, n.items[i].val = n.items[i].val, v
-			return old, true
+			return n.items[i].key, old, true
 		}
 		if n.leaf() {
-			n.insertAt(i, item[V]{key, v})
+			held = string(key)
+			n.insertAt(i, item[V]{held, v})
 			e.n++
-			return old, false
+			return held, old, false
 		}
 		if c := e.child(n, i); !c.full() {
 			n = c
@@ -120,17 +138,21 @@ func (e *Editor[V]) Delete(key string) (old V, deleted bool) {
 // one of its items and starts a new one to its right, so that a tree built
 // by Append has its nodes nearly full.
 func (e *Editor[V]) Append(key string, v V) {
-	it := item[V]{key, v}
+	if e.root != nil {
+		mustFollow(key, e.lastKey())
+	}
+	e.append(item[V]{key, v})
+}
+
+// append adds it, whose key sorts after every key in the editor.
+func (e *Editor[V]) append(it item[V]) {
 	if t := e.tail; t != nil && !t.full() {
-		mustFollow(key, t.items[len(t.items)-1].key)
 		t.items = append(t.items, it)
 		e.n++
 		return
 	}
 	if e.root == nil {
 		e.root = e.newNode(true)
-	} else {
-		mustFollow(key, lastKey(e.root))
 	}
 	root := e.mut(e.root)
 	if sep, right := e.appendTo(root, it); right != nil {
@@ -146,9 +168,15 @@ func mustFollow(key, last string) {
 	}
 }
 
-func lastKey[V any](n *node[V]) string {
-	for !n.leaf() {
-		n = n.children[len(n.children)-1]
+// lastKey returns the greatest key of the non-empty editor: the tail's
+// last while Append's fast path holds one, else the rightmost leaf's.
+func (e *Editor[V]) lastKey() string {
+	n := e.tail
+	if n == nil {
+		n = e.root
+		for !n.leaf() {
+			n = n.children[len(n.children)-1]
+		}
 	}
 	return n.items[len(n.items)-1].key
 }

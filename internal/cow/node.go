@@ -65,17 +65,21 @@ func (n *node[V]) full() bool { return len(n.items) == maxItems }
 
 // search returns the index of the first item whose key is >= key, and
 // whether that item's key is key.
-func (n *node[V]) search(key string) (int, bool) {
+func (n *node[V]) search(key string) (int, bool) { return search(n, key) }
+
+// search is n.search for a key given as a string or as bytes; the
+// comparisons of string(key) copy nothing.
+func search[V any, K Key](n *node[V], key K) (int, bool) {
 	lo, hi := 0, len(n.items)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if n.items[m].key < key {
+		if n.items[m].key < string(key) {
 			lo = m + 1
 		} else {
 			hi = m
 		}
 	}
-	return lo, lo < len(n.items) && n.items[lo].key == key
+	return lo, lo < len(n.items) && n.items[lo].key == string(key)
 }
 
 // get looks key up in the subtree under n, which may be nil.
