@@ -24,7 +24,14 @@ var (
 
 // connect opens a new session. Creates and progress requests queued while
 // disconnected go out as soon as its stream is open.
+//
+// A stream that replaces one that ended, with no creates to send, sends a
+// liveness probe at once: nothing else would draw an answer from it, and
+// until one comes State says it is not connected (so a group, say, leaves
+// the Stream out) for as long as the liveness idle, or for ever without
+// the checks.
 func (d *dispatcher) connect() {
+	again := !d.sessStart.IsZero() // set by every connect
 	d.sess = startSession(d.open, d.s.hooks)
 	d.pipeline.opened() // the new stream may reach another server
 	d.sessStart, d.sessHeard = d.clock.Now(), false
@@ -32,6 +39,9 @@ func (d *dispatcher) connect() {
 	d.hurry.arm(d.clock)
 	d.flushCreates()
 	d.resendProgress()
+	if again && d.pending.Len() == 0 {
+		d.sendProbe()
+	}
 }
 
 // handleSessionEnd reacts to a gRPC stream that ended: a failure that a new

@@ -767,3 +767,27 @@ func TestLivenessWaitsForTheStreamToOpen(t *testing.T) {
 	srv.Send(t, ws.Created(c.WatchId, 1))
 	require.NoError(t, recvResult(t, res).err)
 }
+
+// TestIdleStreamConnectedAgainAfterReconnect: a Stream without watches
+// whose stream ended probes the new one at once, so that State reads
+// Connected again within a round trip of the server's return, rather than
+// a liveness idle later (never, with the checks off). A group leaves a
+// Stream that does not read so out of its placement.
+func TestIdleStreamConnectedAgainAfterReconnect(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithLiveness(0, 0), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	w := h.watch(etcdwatch.Key("a"), 3)
+	id := w.ID()
+	w.Cancel()
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	require.True(t, h.s.State().Connected)
+	h.cut()
+	h.await(func() bool { return h.s.Stats().Reconnects == 1 })
+	require.False(t, h.s.State().Connected, "the new stream's server has not answered yet")
+	probe := h.srv.RecvCreate(t)
+	require.NotEqual(t, "a", string(probe.Key))
+	require.Zero(t, probe.StartRevision, "a probe watches from now")
+	h.srv.Send(t, ws.Created(probe.WatchId, 3))
+	h.await(func() bool { return h.s.State().Connected }, "an idle Stream whose server answers again reads connected")
+	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
+	require.Zero(t, h.s.Stats().Watches, "probes are not watches")
+}

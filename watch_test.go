@@ -477,6 +477,8 @@ func TestStreamEndDuringAStallPausesTheWatch(t *testing.T) {
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Pauses)
 	require.Equal(t, int64(1), st.Paused, "the stalled watch was re-created before its consumer caught up")
+	probe := h.srv.RecvCreate(t) // the new stream has nothing else to ask (see TestIdleStreamConnectedAgainAfterReconnect)
+	require.NotEqual(t, "lag", string(probe.Key))
 	require.Equal(t, revisions(2, 1+limit), readEvents(t, lag, limit))
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, "lag", string(c.Key))

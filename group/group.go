@@ -30,8 +30,8 @@ type Group struct {
 	stop  context.CancelCauseFunc // ends base
 
 	mu      sync.Mutex
-	placing []int              // per own Stream: watches placed there whose Stream has not answered yet; guarded by mu
-	pinning []int              // per own Stream: pinned watches placed on its connection, not yet answered; guarded by mu
+	placing []int              // per own Stream: watches placed there, not yet handed to it; guarded by mu
+	pinning []int              // per own Stream: pinned watches placed on its connection whose Stream is not yet a candidate; guarded by mu
 	pinned  map[*slot]struct{} // pinned Streams open now; guarded by mu
 	retired etcdwatch.Stats    // the counters of pinned Streams closed, added together; guarded by mu
 	// rest is the pinned Streams' State together when none counts (none
@@ -277,7 +277,6 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, kind call) ([]
 	if len(parts) == 1 { // the common case, on this goroutine
 		p := parts[0]
 		ws, err := g.openPart(ctx, rs, p)
-		g.placed(parts)
 		if err != nil && kind == callAll {
 			err = g.partError(ctx, p, rs, err)
 		}
@@ -288,7 +287,6 @@ func (g *Group) open(ctx context.Context, rs []etcdwatch.Request, kind call) ([]
 		go func() { // returns once its Stream has answered (bounded by ctx and Close); Close waits (wg.Add in place)
 			defer g.wg.Done()
 			ws, err := g.openPart(ctx, rs, p)
-			g.placed([]part{p}) // its own, when its Stream has answered: the call may have returned before, on another part's failure
 			if err != nil {
 				err = g.partError(ctx, p, rs, err)
 			}
@@ -388,6 +386,7 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 		}
 		return []*etcdwatch.Watch{w}, nil
 	}
+	g.placed(p) // the Stream counts them from here (its Stats.Watches), not the group
 	s := g.own[p.on].stream
 	if len(p.idx) == 1 {
 		w, err := s.Watch(ctx, rs[p.idx[0]])
@@ -408,20 +407,25 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 // The group's wg counts the Stream from before it opens, so that a Close
 // meanwhile waits until it is closed again.
 func (g *Group) openPinned(ctx context.Context, r etcdwatch.Request, on int) (*etcdwatch.Watch, error) {
+	pin := part{on: on, pinned: true}
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
+		g.placed(pin)
 		return nil, etcdwatch.ErrClosed
 	}
 	g.wg.Add(1)
 	g.mu.Unlock()
 	sl, err := open("pinned", g.own[on].conn, g.opts.stream)
 	if err != nil {
+		g.placed(pin)
 		g.wg.Done()
 		return nil, err // the options opened the group's own Streams: not expected
 	}
 	sl.on = on
 	g.mu.Lock()
+	// Its slot stands for it in placement from here, or it fails.
+	g.pinning[on]--
 	if g.closed { // Close began while it opened, and waits for this
 		g.mu.Unlock()
 		_ = sl.stream.Close()
@@ -500,17 +504,19 @@ func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
 	return parts, nil
 }
 
-// placed ends the count of place for parts whose Streams have answered:
-// their watches now count in their Streams' Stats, or are gone.
-func (g *Group) placed(parts []part) {
+// placed ends place's count of a part whose watches are about to count
+// elsewhere, or never will: a plain part's just before its Stream is asked
+// (whose Stats count them from when its dispatcher has the create: a
+// moment in which they count nowhere, rather than a round trip in which
+// they would count twice), a pinned one's when its pinned Stream joins the
+// candidates, or fails to.
+func (g *Group) placed(p part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for _, p := range parts {
-		if p.pinned {
-			g.pinning[p.on]--
-		} else {
-			g.placing[p.on] -= len(p.idx)
-		}
+	if p.pinned {
+		g.pinning[p.on]--
+	} else {
+		g.placing[p.on] -= len(p.idx)
 	}
 }
 
@@ -533,7 +539,7 @@ func (g *Group) candidates() []candidate {
 			cs = append(cs, candidate{watches: 1, healthy: healthy(sl.stream.State()), member: sl.track.where(), on: sl.on, pinned: true})
 		}
 	}
-	for i, n := range g.pinning { // placed, their Streams not yet answered: where placement put them
+	for i, n := range g.pinning { // placed, their Streams not yet candidates: where placement put them
 		for range n {
 			cs = append(cs, candidate{watches: 1, healthy: true, member: cs[i].member, on: i, pinned: true})
 		}

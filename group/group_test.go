@@ -680,3 +680,87 @@ func TestWatchIsNotPlacedOnAFailedStream(t *testing.T) {
 	require.NoError(t, <-res)
 	require.Equal(t, 2, f.streamOf("new"))
 }
+
+// TestCreateInFlightCountsOnce: a watch whose create is in flight counts
+// once in placement, in its Stream's Stats (which count it from when the
+// dispatcher has its create), not a second time as being placed. Two
+// Streams with a watch each; slow/0 goes to Stream 0 and its create is
+// held at the server. Then x goes to Stream 1 (2 against 1), and y finds
+// 2 against 2: the tie goes to Stream 0, where its create waits behind
+// slow/0's. Counted twice, Stream 0 would read 3 and y would go to Stream
+// 1 too.
+func TestCreateInFlightCountsOnce(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	_, m := f.mapping(t, g, "first", 2)
+	slow := watchAsync(g, etcdwatch.Key("slow/0"))
+	f.holding(1)
+	require.EqualValues(t, 3, g.Stats().Watches, "slow/0 counted in its Stream's Stats")
+	_, err := g.Watch(ctx(t), etcdwatch.Key("x"))
+	require.NoError(t, err)
+	require.Equal(t, m[1], f.streamOf("x"))
+	y := watchAsync(g, etcdwatch.Key("y"))
+	// Placed while slow/0 is held: its Stream has counted it (the group has
+	// no hook to wait on).
+	require.Eventually(t, func() bool { return g.Stats().Watches == 5 }, ws.Timeout, time.Millisecond)
+	close(f.slow)
+	require.NoError(t, <-slow)
+	require.NoError(t, <-y)
+	require.Equal(t, m[0], f.streamOf("slow/0"))
+	require.Equal(t, m[0], f.streamOf("y"), "y: 2 watches against 2, the tie to Stream 0")
+}
+
+// watchAsync calls g.Watch in a goroutine, which returns with the call;
+// its error arrives on the channel.
+func watchAsync(g *group.Group, r etcdwatch.Request) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), ws.Timeout)
+		defer cancel()
+		_, err := g.Watch(c, r)
+		done <- err
+	}()
+	return done
+}
+
+// TestPinnedCreateInFlightCountsOnce: the same for a pinned watch, which
+// its pinned Stream stands for in placement from before its create is
+// answered. slow/p goes on Stream 0's connection, its create held; then a
+// goes to Stream 1 (1 against 0) and b, at 1 against 1, to Stream 0.
+// Counted twice, the pinned watch would weigh 2 and b go to Stream 1 too.
+func TestPinnedCreateInFlightCountsOnce(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.WatchPinned(ctx(t), etcdwatch.Key("slow/p"))
+		done <- err
+	}()
+	f.holding(1)
+	_, err := g.Watch(ctx(t), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	_, err = g.Watch(ctx(t), etcdwatch.Key("b"))
+	require.NoError(t, err)
+	a, b := f.streamOf("a"), f.streamOf("b")
+	close(f.slow)
+	require.NoError(t, <-done)
+	require.NotEqual(t, a, b, "the pinned watch weighs 1 on Stream 0's connection")
+}
+
+// TestIdleStreamBackAfterAFailureTakesWatches: a Stream without watches
+// whose gRPC stream failed (its member restarted, say) is healthy again as
+// soon as the new stream's server answers: placement gives it the next
+// watch, rather than piling watches, for life, on the others.
+func TestIdleStreamBackAfterAFailureTakesWatches(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithReconnectBackoff(time.Millisecond, 10*time.Millisecond)))
+	watches, m := f.mapping(t, g, "a", 2)
+	watches[1].Cancel() // Stream 1 has none
+	f.await(func() bool { return f.streams[m[1]].cancels == 1 }, "a1 canceled")
+	f.stream(m[1]).st.Close(status.Error(codes.Unavailable, "member restarting"))
+	f.await(func() bool { return len(f.streams) == 3 && f.streams[2].cancels == 1 },
+		"Stream 1's next gRPC stream probed, the probe answered and released")
+	_, err := g.Watch(ctx(t), etcdwatch.Key("x"))
+	require.NoError(t, err)
+	require.Equal(t, 2, f.streamOf("x"), "x to Stream 1: 0 watches against 1, its server answering")
+}
