@@ -217,8 +217,9 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 	o.extra().err = err
 	switch {
 	case o.pumping: // the pump or the Handler ends it once the backlog is through
-	case o.to != nil: // the Handler's goroutine tells it
+	case o.to != nil: // no call runs nor is due: over now; a Handler's goroutine tells Ended
 		o.pumping = true
+		o.closeOut()
 		return true, true
 	default:
 		o.closeOut()
@@ -227,7 +228,8 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 }
 
 // closeOut closes the consumer's channels. Called with mu held, exactly once:
-// by finish or abort when no pump runs, otherwise by the pump as it
+// by finish or abort when no pump runs nor Handler call (then before the
+// Handler is told), otherwise by the pump, or the Handler's goroutine, as it
 // finishes. over goes first, so that a consumer who sees the channel closed
 // finds Err set.
 func (o *delivery) closeOut() {
@@ -312,7 +314,9 @@ func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step,
 		}
 	}
 	if o.ended {
-		o.closeOut() // once: the watch is never served again
+		if !o.over.Load() { // else closed as it ended, with nothing to serve
+			o.closeOut() // once: the watch is never served again
+		}
 		return r, stepEnd, false
 	}
 	o.pumping = false

@@ -410,3 +410,35 @@ func TestHandlerWaitWhileResponsesCome(t *testing.T) {
 		require.Zero(t, queued+running, "Wait returned with work left")
 	}
 }
+
+// TestHandlerCancelOfAnIdleWatchEndsItAtOnce: a Handler's watch with no
+// call running, nor due, has had its last call: once Cancel returns, Err is
+// set and Done closed, as for a channel's watch, even while every goroutine
+// of the Handler is busy with another watch's call. Ended follows.
+func TestHandlerCancelOfAnIdleWatchEndsItAtOnce(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	release := sync.OnceFunc(func() { close(rec.gate) })
+	hd := rec.handler(etcdwatch.WithGoroutines(1))
+	wts := h.handled(hd, 12)
+	t.Cleanup(release) // before handled's Wait, should the test fail
+	busy, idle := wts[0], wts[1:]
+	h.srv.Send(t, ws.Events(busy.ID(), 2, ws.Put("k0", "v", 2)))
+	rec.await(t, func() bool { return rec.running == 1 }, "the busy watch's call")
+	for _, w := range idle {
+		w.Cancel()
+		require.ErrorIs(t, w.Err(), etcdwatch.ErrCanceled, "Err once Cancel returned")
+		select {
+		case <-w.Done():
+		default:
+			t.Fatal("Done not closed once Cancel returned")
+		}
+	}
+	release()
+	rec.await(t, func() bool { return len(rec.ends) == len(idle) }, "Ended for each canceled watch")
+	for _, w := range idle {
+		require.ErrorIs(t, rec.ends[w], etcdwatch.ErrCanceled)
+	}
+	require.Empty(t, rec.broken)
+}
