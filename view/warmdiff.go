@@ -27,8 +27,10 @@ func (l *lister) compacted(ctx context.Context, rev int64) (bool, error) {
 // entries are read beside the listing (a merge), not built into a state
 // first, so that this costs a listing, as a cold start does, and a read of
 // the file. Every key's entry comes from the listing, decoded as a first
-// listing decodes it; the saved value of a key that changed is decoded as
-// its Prev. The state is published with one Relisted batch from the saved
+// listing decodes it; the saved value of a key that changed is its Prev,
+// decoded once the whole file is read and its checksum holds, so that the
+// Decoder never sees a value of a state that is then refused. The state is
+// published with one Relisted batch from the saved
 // revision, exactly the difference, once the saved state's checksum holds;
 // if it does not, the state is published as a first listing's, and the
 // saved state refused. It reports what restore reports.
@@ -57,6 +59,7 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 		r.publishFirst()
 		return true, nil
 	}
+	d.decodePrevs()
 	relisted(d.changes, rev)
 	r.warm.restored = h.revision
 	r.stats.relists.Add(1)
@@ -77,6 +80,15 @@ type savedDiffer[T any] struct {
 	raw     raws
 	bytes   int64
 	changes []Change[T] // dated once the listing's revision is known (relisted)
+	prevs   []savedPrev[T]
+}
+
+// savedPrev is the Prev of a change, p, to be decoded from s once the saved
+// state is known good (decodePrevs); s holds a copy of the bytes the reader
+// lent.
+type savedPrev[T any] struct {
+	p *Entry[T]
+	s savedEntry
 }
 
 // listed adds a listed key, after every key added before.
@@ -88,12 +100,23 @@ func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) Entry[T] {
 	return e
 }
 
-// saved decodes a saved entry, the Prev of a change, from a copy of its
-// bytes: the reader lends them.
+// saved returns the Prev of a change, a saved entry, to be decoded by
+// decodePrevs from a copy of its bytes (the reader lends them).
 func (d *savedDiffer[T]) saved(s savedEntry) *Entry[T] {
-	kv := bytes.Clone(s.kv)
-	k := len(s.key)
-	return kept(d.c.entry(s.key, kv[:k:k], kv[k:], s.create, s.mod, s.version, s.lease))
+	s.kv = bytes.Clone(s.kv)
+	p := new(Entry[T])
+	d.prevs = append(d.prevs, savedPrev[T]{p, s})
+	return p
+}
+
+// decodePrevs decodes the changes' Prevs, once the saved state they come
+// from has been read to its end and its checksum holds.
+func (d *savedDiffer[T]) decodePrevs() {
+	for _, sp := range d.prevs {
+		s, k := sp.s, len(sp.s.key)
+		*sp.p = d.c.entry(s.key, s.kv[:k:k], s.kv[k:], s.create, s.mod, s.version, s.lease)
+	}
+	d.prevs = nil
 }
 
 func (d *savedDiffer[T]) listedOnly(kv *mvccpb.KeyValue) {
