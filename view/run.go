@@ -37,6 +37,7 @@ func (c *core[T]) start() {
 	err := r.run()
 	c.cancel(err)
 	c.tasks.Wait()
+	r.endWarm()
 	c.finish(err, r.listed)
 }
 
@@ -216,6 +217,7 @@ func (r *runner[T]) follow() error {
 			r.w.Cancel()
 			return nil
 		case <-r.ctx.Done():
+			flush() // what was applied is the state the view ends with, and saves (endWarm)
 			r.w.Cancel()
 			return context.Cause(r.ctx)
 		}

@@ -111,9 +111,9 @@ func savedEntries[T any](s *Snapshot[T], yield func(*savedEntry) bool) error {
 }
 
 // saveLoop saves the state to WithStateFile's file every interval while
-// the state runs, and once more when it ends; a state that never moved is
-// not written again. Started once the first state is published; returns
-// when the state's context ends, after the last save (start waits).
+// the state runs; a state that never moved is not written again. Started
+// once the first state is published; returns when the state's context
+// ends (start waits, then makes the last save: endWarm).
 func (c *core[T]) saveLoop() {
 	tick, stop := ticker(c.opts.warm.every)
 	defer stop()
@@ -122,7 +122,6 @@ func (c *core[T]) saveLoop() {
 		case <-tick:
 			c.saveFile()
 		case <-c.ctx.Done():
-			c.saveFile()
 			return
 		}
 	}
@@ -132,7 +131,7 @@ func (c *core[T]) saveLoop() {
 // state is published.
 func (c *core[T]) startSaving() {
 	if c.opts.warm.path != "" {
-		c.tasks.Go(c.saveLoop) // returns when ctx ends, after its last save; start waits
+		c.tasks.Go(c.saveLoop) // returns when ctx ends; start waits
 	}
 }
 

@@ -211,6 +211,20 @@ func (r *runner[T]) restore() (bool, error) {
 	return r.catchUp(h.revision, vouched)
 }
 
+// endWarm does what warm restarts need once the state has ended and its
+// tasks (saveLoop among them) have returned: WithStateFile's last save, of
+// the state the runner published last; and for WithRestore's reader, if
+// the runner never got to it (New failed first), a read to its end, as
+// WithRestore says.
+func (r *runner[T]) endWarm() {
+	if r.listed && r.opts.warm.path != "" {
+		r.saveFile()
+	}
+	if r.opts.warm.fromSet && !r.warm.tried {
+		io.Copy(io.Discard, r.opts.warm.from)
+	}
+}
+
 // openSaved opens the saved state given, and returns what closes it (for
 // WithRestore's reader, what reads the rest of it).
 func (r *runner[T]) openSaved() (io.Reader, func(), error) {

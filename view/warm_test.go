@@ -794,3 +794,52 @@ func TestCompactedRefusedStateIsNotDecoded(t *testing.T) {
 	defer mu.Unlock()
 	require.ElementsMatch(t, []string{"v/same=1", "v/upd=2"}, decoded, "only the listing's values decoded")
 }
+
+// TestCloseSavesTheStateTheViewEndsWith: the last save is made once the
+// view's goroutine has stopped publishing, so that the file holds the
+// state Close leaves the view with, even when a response was being applied
+// as Close began, which the view publishes as it ends.
+func TestCloseSavesTheStateTheViewEndsWith(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	path := filepath.Join(t.TempDir(), "v.state")
+	entered, release := make(chan struct{}), make(chan struct{})
+	decode := func(key, value []byte) ([]byte, error) {
+		if string(value) == "block" {
+			close(entered)
+			<-release
+		}
+		return value, nil
+	}
+	vh := openView(h, decode, view.WithStateFile(path, 0))
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision()+1, kv.PutEvent("v/a", "v")))
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision()+1, kv.PutEvent("v/b", "block")))
+	recv(t, entered, "decode") // the view's goroutine is applying the last response
+	closed := callAsync(func() error { return vh.v.Close() })
+	vh.srv.RecvCancel(t) // the state's context has ended: its watch is canceled
+	close(release)
+	require.NoError(t, recv(t, closed, "Close"))
+	require.Equal(t, kv.Revision(), vh.v.Revision(), "the view ends with what it applied")
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	saved, err := view.SavedRevision(b)
+	require.NoError(t, err)
+	require.Equal(t, vh.v.Revision(), saved, "the file holds the state the view ended with")
+}
+
+// TestRestoreReaderReadWhenNewFailsFirst: WithRestore's reader is read to
+// its end also when New fails before it gets to the saved state: here the
+// server refuses the first read it makes, of the cluster's revision.
+func TestRestoreReaderReadWhenNewFailsFirst(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, _ := savedState(t, h, etcdwatch.Prefix("v/"))
+	r := &countingReader{r: bytes.NewReader(saved)}
+	kv.FailNext(status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
+	v, err := view.New(context.Background(), h.s, etcdwatch.Prefix("v/"), view.DecodeBytes, view.WithRestore(r))
+	require.ErrorIs(t, err, etcdwatch.ErrPermissionDenied)
+	require.Nil(t, v)
+	require.Equal(t, len(saved), r.n, "read to its end")
+}
