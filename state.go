@@ -11,7 +11,8 @@ import (
 type State struct {
 	// Connected is true while the server answers on the current Watch
 	// stream: from its first message (the answer to a create, or to a
-	// liveness probe on a Stream with nothing to watch) until the stream
+	// liveness probe on a Stream with nothing to watch, which probes a
+	// stream that replaces one that ended at once) until the stream
 	// ends. A stream that goes silent is given up WithLiveness's idle plus
 	// timeout after its last message, so over a connection that stopped
 	// carrying packets Connected turns false then, and stays false until a
