@@ -380,7 +380,9 @@ func (d *dispatcher) compacted(w *Watch, id, compactRev int64) bool {
 func (d *dispatcher) handleEvents(resp *wireResponse) {
 	w, ok := d.watches[resp.WatchID]
 	if !ok {
-		d.dropUnknown(resp.WatchID, true)
+		if !d.ended(resp.WatchID) {
+			d.dropUnknown(resp.WatchID, true)
+		}
 		return
 	}
 	if len(resp.Events) == 0 && !resp.Fragment { // a progress notification
@@ -416,6 +418,12 @@ func (d *dispatcher) dropUnknown(id int64, live bool) {
 		d.sendCancel(id)
 	}
 }
+
+// ended reports whether id is one the client chose on this stream for a
+// watch that has ended since: etcd may send a watch's last responses after
+// it answered the cancel (its send loop takes them from another queue), and
+// they need no cancel of their own.
+func (d *dispatcher) ended(id int64) bool { return id >= firstWatchID && id <= d.nextID }
 
 func (d *dispatcher) sendCancel(id int64) {
 	d.cancelling[id] = struct{}{}

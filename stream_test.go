@@ -1164,3 +1164,22 @@ func TestProgressNotHeldByLaterCreatesOneAtATime(t *testing.T) {
 	h.srv.Send(t, ws.Progress(-1, 10)) // covers z, a and b
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
+
+// TestLateEventsOfAnAnsweredCancelAreDropped: etcd may send a watch's last
+// events after its answer to the watch's cancel (its send loop takes them
+// from another queue). They are dropped: neither canceled again, as an id
+// the server made up is, nor counted as unknown.
+func TestLateEventsOfAnAnsweredCancelAreDropped(t *testing.T) {
+	h := newHarness(t)
+	a := h.watch(etcdwatch.Key("a"), 1)
+	b := h.watch(etcdwatch.Key("b"), 1)
+	id := a.ID()
+	a.Cancel()
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	h.srv.Send(t, ws.Canceled(id))
+	h.srv.Send(t, ws.Events(id, 2, ws.Put("a", "v", 2)))
+	h.srv.Send(t, ws.Events(b.ID(), 3, ws.Put("b", "v", 3)))
+	require.Equal(t, int64(3), next(t, b).Revision) // a's late event handled before
+	require.Empty(t, h.barrier(3), "the late event's id canceled again")
+	require.Zero(t, h.s.Stats().UnknownResponses)
+}
