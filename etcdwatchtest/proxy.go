@@ -29,6 +29,7 @@ type Proxy struct {
 	closed   bool
 	refusing bool
 	delay    time.Duration
+	changed  chan struct{} // closed, and replaced, when delay changes: chunks under way look again
 	accepted int
 
 	// Set by tests of this package, before any connection: onDelay, if
@@ -72,7 +73,7 @@ func ListenProxy(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{target: target, ln: ln, links: map[*link]struct{}{}, dial: (&net.Dialer{}).DialContext}
+	p := &Proxy{target: target, ln: ln, links: map[*link]struct{}{}, changed: make(chan struct{}), dial: (&net.Dialer{}).DialContext}
 	p.ctx, p.stop = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.accept() // exits when Close closes the listener
@@ -89,9 +90,12 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.links)
+	n := 0
 	for l := range p.links {
-		l.close()
+		if l.close() {
+			n++
+		}
+		delete(p.links, l)
 	}
 	return n
 }
@@ -104,14 +108,17 @@ func (p *Proxy) Refuse(on bool) {
 	p.refusing = on
 }
 
-// SetDelay delays every chunk of bytes forwarded from now on, in either
-// direction and on every connection, by d; 0 ends the delay. Chunks of one
-// direction of a connection stay in order, so the delay adds up when the
-// sender is faster than one chunk per d.
+// SetDelay delays every chunk of bytes forwarded, in either direction and
+// on every connection, by d from when it arrived; 0 ends the delay. A chunk
+// already held waits for the new d instead (released at once by 0). Chunks
+// of one direction of a connection stay in order, so the delay adds up
+// when the sender is faster than one chunk per d.
 func (p *Proxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // Blackhole makes every open connection silently stop carrying bytes in
@@ -121,12 +128,16 @@ func (p *Proxy) SetDelay(d time.Duration) {
 func (p *Proxy) Blackhole() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	n := 0
 	for l := range p.links {
 		l.mu.Lock()
-		l.blackholed = true
+		if !l.closed {
+			l.blackholed = true
+			n++
+		}
 		l.mu.Unlock()
 	}
-	return len(p.links)
+	return n
 }
 
 // Accepted returns how many connections the proxy has forwarded since it
@@ -225,6 +236,31 @@ func (p *Proxy) wait(d time.Duration) bool {
 	}
 }
 
+// hold waits out the delay of a chunk that arrived at start: until start
+// plus the delay set now, looking again each time SetDelay changes it. It
+// reports false if Close came first.
+func (p *Proxy) hold(start time.Time) bool {
+	for {
+		p.mu.Lock()
+		d, changed := p.delay, p.changed
+		p.mu.Unlock()
+		left := time.Until(start.Add(d))
+		if left <= 0 {
+			return true
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-t.C:
+			return true
+		case <-changed:
+			t.Stop()
+		case <-p.ctx.Done():
+			t.Stop()
+			return false
+		}
+	}
+}
+
 // copy forwards src to dst until either fails, then drops the link.
 func (p *Proxy) copy(l *link, dst, src net.Conn) {
 	defer p.wg.Done()
@@ -240,7 +276,7 @@ func (p *Proxy) copy(l *link, dst, src net.Conn) {
 				if onDelay != nil {
 					onDelay()
 				}
-				if !p.wait(delay) { // the injected fault itself, not synchronisation
+				if !p.hold(time.Now()) { // the injected fault itself, not synchronisation
 					return
 				}
 			}
@@ -272,8 +308,10 @@ func (l *link) connect(s net.Conn) bool {
 	return true
 }
 
-func (l *link) close() {
+// close closes both sides of l, and reports whether it was open.
+func (l *link) close() bool {
 	l.mu.Lock()
+	was := !l.closed
 	l.closed = true
 	s := l.server
 	l.mu.Unlock()
@@ -281,4 +319,5 @@ func (l *link) close() {
 	if s != nil {
 		s.Close()
 	}
+	return was
 }

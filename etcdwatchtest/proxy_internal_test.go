@@ -2,6 +2,7 @@ package etcdwatchtest
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -112,4 +113,90 @@ func TestCloseDoesNotWaitOutADelay(t *testing.T) {
 		close(closed)
 	}()
 	await(t, closed, "return from Close during an hour's delay")
+}
+
+// echo echoes each connection's bytes back until the test ends.
+func echo(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	wg.Go(func() { // exits when the listener closes
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(c, c) }) // until the connection closes
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// TestSetDelayZeroEndsADelayUnderWay: a chunk held by a long delay is
+// released as soon as SetDelay(0) ends the delay, not when the old delay
+// would have passed.
+func TestSetDelayZeroEndsADelayUnderWay(t *testing.T) {
+	p, err := ListenProxy(echo(t))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	delaying := make(chan struct{})
+	once := sync.OnceFunc(func() { close(delaying) })
+	p.mu.Lock()
+	p.onDelay = once
+	p.mu.Unlock()
+	p.SetDelay(time.Hour)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	await(t, delaying, "delay")
+	p.SetDelay(0)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
+	_, err = io.ReadFull(c, make([]byte, 1))
+	require.NoError(t, err, "the byte is still held by the hour's delay")
+}
+
+// TestCutCountsOnlyOpenConnections: Cut and Blackhole count the
+// connections they reach that are open, not those already closed whose
+// goroutines have yet to let them go (here, one whose target is still
+// being dialed when the first Cut closed it).
+func TestCutCountsOnlyOpenConnections(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	dialing, released := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release) // before p.Close, which waits for the dial
+	p.mu.Lock()
+	p.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		close(dialing)
+		<-released
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	p.mu.Unlock()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	await(t, dialing, "dial of the target")
+	require.Equal(t, 1, p.Cut())
+	require.Equal(t, 0, p.Cut(), "the connection was closed by the first Cut")
+	require.Equal(t, 0, p.Blackhole(), "no connection is open")
 }
