@@ -80,18 +80,31 @@ func register(meter metric.Meter, name string, s *etcdwatch.Stream) (metric.Regi
 	paused, err := meter.Int64ObservableUpDownCounter("etcdwatch.paused_watches", metric.WithUnit("{watch}"),
 		metric.WithDescription("Watches paused now because their consumer fell behind."))
 	errs = append(errs, err)
-	connected, err := meter.Int64ObservableGauge("etcdwatch.connected",
-		metric.WithDescription("1 while a Watch stream is open, else 0."))
-	errs = append(errs, err)
-	lastError, err := meter.Float64ObservableGauge("etcdwatch.last_error_timestamp", metric.WithUnit("s"),
-		metric.WithDescription("When the last error ended a Watch stream or kept one from opening, in Unix time; absent before the first."))
-	errs = append(errs, err)
+	gauge := func(n, unit, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge("etcdwatch."+n, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		insts = append(insts, g)
+		return g
+	}
+	connected := gauge("connected", "", "1 while the server answers on the current Watch stream, else 0.")
+	failed := gauge("failed", "", "1 once the Watch stream failed for good (its watches ended; no new stream is tried), else 0.")
+	revision := gauge("revision", "{revision}", "The highest revision seen in a response header, or a compaction's if higher.")
+	rewritten := gauge("ids_rewritten", "", "1 if the server chose its own watch ids (a gRPC proxy), else 0.")
+	timestamp := func(n, desc string) metric.Float64ObservableGauge {
+		g, err := meter.Float64ObservableGauge("etcdwatch."+n, metric.WithUnit("s"), metric.WithDescription(desc))
+		errs = append(errs, err)
+		insts = append(insts, g)
+		return g
+	}
+	lastError := timestamp("last_error_timestamp", "When the last error ended a Watch stream or kept one from opening, in Unix time; absent before the first.")
+	lastMessage := timestamp("last_message_timestamp", "When the last response arrived, in Unix time; absent before the first.")
+	since := timestamp("state_since_timestamp", "When connected last changed, in Unix time; the Stream's opening at first.")
 	for _, err := range errs {
 		if err != nil {
 			return nil, err
 		}
 	}
-	insts = append(insts, watches, paused, connected, lastError)
+	insts = append(insts, watches, paused)
 
 	attrs := metric.WithAttributeSet(attribute.NewSet(attribute.String("stream", name)))
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -101,16 +114,28 @@ func register(meter metric.Meter, name string, s *etcdwatch.Stream) (metric.Regi
 		}
 		o.ObserveInt64(watches, st.Watches, attrs)
 		o.ObserveInt64(paused, st.Paused, attrs)
-		var up int64
-		if state.Connected {
-			up = 1
+		o.ObserveInt64(connected, one(state.Connected), attrs)
+		o.ObserveInt64(failed, one(state.Failed != nil), attrs)
+		o.ObserveInt64(revision, st.Revision, attrs)
+		o.ObserveInt64(rewritten, one(st.IDsRewritten), attrs)
+		stamp := func(g metric.Float64ObservableGauge, at time.Time) {
+			if !at.IsZero() {
+				o.ObserveFloat64(g, float64(at.UnixNano())/1e9, attrs)
+			}
 		}
-		o.ObserveInt64(connected, up, attrs)
-		if !state.LastErrorAt.IsZero() {
-			o.ObserveFloat64(lastError, float64(state.LastErrorAt.UnixNano())/1e9, attrs)
-		}
+		stamp(lastError, state.LastErrorAt)
+		stamp(lastMessage, st.LastMessage)
+		stamp(since, state.Since)
 		return nil
 	}, insts...)
+}
+
+// one is 1 for true, 0 for false: a gauge of a condition.
+func one(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // run is the demo: an embedded etcd, a Stream with its instruments, three

@@ -70,10 +70,13 @@ func TestValuesMove(t *testing.T) {
 		return v
 	}
 
+	opened := time.Now()
 	v := values()
 	require.Equal(t, 0.0, v["etcdwatch.events{stream=busy}"])
 	require.Equal(t, 0.0, v["etcdwatch.events{stream=idle}"])
 	require.NotContains(t, v, "etcdwatch.last_error_timestamp{stream=busy}")
+	require.NotContains(t, v, "etcdwatch.last_message_timestamp{stream=idle}", "no response yet")
+	require.Contains(t, v, "etcdwatch.state_since_timestamp{stream=idle}")
 
 	w, err := busy.Watch(ctx, etcdwatch.Prefix("k/"))
 	require.NoError(t, err)
@@ -104,6 +107,11 @@ func TestValuesMove(t *testing.T) {
 	require.Equal(t, 3.0, v["etcdwatch.events{stream=busy}"])
 	require.GreaterOrEqual(t, v["etcdwatch.responses{stream=busy}"], 2.0)
 	require.Equal(t, 1.0, v["etcdwatch.connected{stream=busy}"])
+	require.GreaterOrEqual(t, v["etcdwatch.revision{stream=busy}"], 4.0, "three puts seen")
+	require.Equal(t, 0.0, v["etcdwatch.failed{stream=busy}"])
+	require.Contains(t, v, "etcdwatch.failed{stream=idle}")
+	require.Equal(t, 0.0, v["etcdwatch.ids_rewritten{stream=busy}"])
+	require.GreaterOrEqual(t, v["etcdwatch.last_message_timestamp{stream=busy}"], float64(opened.Unix()))
 	require.Equal(t, 0.0, v["etcdwatch.watches{stream=idle}"])
 	require.Equal(t, 0.0, v["etcdwatch.events{stream=idle}"])
 
