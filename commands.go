@@ -25,6 +25,7 @@ func (c createCmd) refuse(err error) {
 	for _, w := range c.ws {
 		w.tellCreated(err)
 		w.abort(err)
+		w.lane.s.stats.watches.Add(-1) // counted by the call (Stream.open)
 	}
 }
 

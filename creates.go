@@ -7,16 +7,17 @@ import (
 	"slices"
 )
 
-// handleCreate queues the creates of ws, in order, and sends them.
+// handleCreate queues the creates of ws, in order, and sends them. The
+// watches count in Stats from the call that made them (Stream.open).
 func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 	for _, w := range ws {
 		if d.failed != nil {
 			w.tellCreated(d.failed)
 			w.abort(d.failed)
+			d.s.stats.watches.Add(-1)
 			continue
 		}
 		d.bind(w, ctx)
-		d.s.stats.watches.Add(1)
 		d.toCreate.Push(w)
 	}
 	d.flushCreates()

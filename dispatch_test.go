@@ -209,7 +209,7 @@ func (f *fuzzServer) step(op, arg byte) {
 		if arg%4 == 1 {
 			ctx = f.ctx
 		}
-		f.d.handleCreate(ws, ctx)
+		create(f.d, ws, ctx)
 	case 1, 2, 3: // the server answers the oldest create: as asked, refused, or with its own id
 		if len(f.creates) == 0 {
 			return
@@ -495,7 +495,7 @@ func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	for _, w := range ws {
 		w.entry.created = make(chan created, 2)
 	}
-	d.handleCreate(ws, context.Background())
+	create(d, ws, context.Background())
 	if d.pending.Len() != 2 {
 		t.Fatalf("%d creates in flight, want 2 pipelined", d.pending.Len())
 	}
@@ -540,7 +540,7 @@ func TestDropUnsentLetsTheNextCreateGo(t *testing.T) {
 	a, b := newWatch(d.l, Key("a"), 0, nil), newWatch(d.l, Key("b"), 0, nil)
 	for _, w := range []*Watch{a, b} {
 		w.entry.created = make(chan created, 1)
-		d.handleCreate([]*Watch{w}, context.Background())
+		create(d, []*Watch{w}, context.Background())
 	}
 	if d.pending.Len() != 1 || d.toCreate.Len() != 1 || len(d.outbox) != 1 {
 		t.Fatalf("one at a time: %d in flight, %d queued, %d in the outbox", d.pending.Len(), d.toCreate.Len(), len(d.outbox))
@@ -553,4 +553,11 @@ func TestDropUnsentLetsTheNextCreateGo(t *testing.T) {
 	}
 	close(s.closing)
 	d.shutdown()
+}
+
+// create hands the dispatcher the creates of ws as Stream.open does,
+// counting them first.
+func create(d *dispatcher, ws []*Watch, ctx context.Context) {
+	d.s.stats.watches.Add(int64(len(ws)))
+	d.handleCreate(ws, ctx)
 }

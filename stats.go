@@ -8,7 +8,7 @@ import (
 // Stats is a snapshot of a Stream's counters. Counts are totals since Open;
 // Watches and Paused are current values.
 type Stats struct {
-	Watches           int64  // watches running now (creating, active or paused); a canceled one stops counting once the dispatcher has the cancel, not when the server answers
+	Watches           int64  // watches running now (creating, active or paused), from the call that opens them on; a canceled one stops counting once the dispatcher has the cancel, not when the server answers
 	Paused            int64  // watches paused now because their consumer fell behind
 	Created           uint64 // created responses accepted, resumes included
 	Stalls            uint64 // times the stream waited for a consumer at its buffer limit

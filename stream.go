@@ -172,7 +172,11 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 			return nil, i, err
 		}
 	}
+	// Counted from here, at once, so that a group placing watches by Stats
+	// sees them as soon as it has handed them over (see group's placed).
+	s.stats.watches.Add(int64(len(rs)))
 	if err := context.Cause(ctx); err != nil {
+		s.stats.watches.Add(-int64(len(rs)))
 		return nil, -1, err
 	}
 	created := make(chan created, len(rs)) // buffered for every outcome: the dispatcher never blocks on it
@@ -182,7 +186,7 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 		ws[i].entry.created = created // the dispatcher's from here on
 	}
 	for l, lws := range byLane(ws) {
-		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed
+		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed, and stop counting
 	}
 	failed, err := s.awaitCreated(ctx, created, len(ws))
 	if err == nil {

@@ -386,7 +386,7 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 		}
 		return []*etcdwatch.Watch{w}, nil
 	}
-	g.placed(p) // the Stream counts them from here (its Stats.Watches), not the group
+	g.placed(p) // the Stream counts them from its call (Stats.Watches), not the group
 	s := g.own[p.on].stream
 	if len(p.idx) == 1 {
 		w, err := s.Watch(ctx, rs[p.idx[0]])
@@ -506,10 +506,10 @@ func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
 
 // placed ends place's count of a part whose watches are about to count
 // elsewhere, or never will: a plain part's just before its Stream is asked
-// (whose Stats count them from when its dispatcher has the create: a
-// moment in which they count nowhere, rather than a round trip in which
-// they would count twice), a pinned one's when its pinned Stream joins the
-// candidates, or fails to.
+// (whose Stats count them as soon as its Watch or WatchAll has checked the
+// requests, with nothing between that waits: rather than counting them
+// twice until the Stream answers), a pinned one's when its pinned Stream
+// joins the candidates, or fails to.
 func (g *Group) placed(p part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -763,4 +764,48 @@ func TestIdleStreamBackAfterAFailureTakesWatches(t *testing.T) {
 	_, err := g.Watch(ctx(t), etcdwatch.Key("x"))
 	require.NoError(t, err)
 	require.Equal(t, 2, f.streamOf("x"), "x to Stream 1: 0 watches against 1, its server answering")
+}
+
+// gateCtx is a context whose nth Err call (context.Cause makes one) waits
+// until released is closed: it holds a call at that point.
+type gateCtx struct {
+	context.Context
+	n        int32
+	calls    atomic.Int32
+	entered  chan struct{}
+	released chan struct{}
+}
+
+func (c *gateCtx) Err() error {
+	if c.calls.Add(1) == c.n {
+		close(c.entered)
+		<-c.released
+	}
+	return c.Context.Err()
+}
+
+// TestPlacedWatchCountsUntilItsStreamHasIt: a watch placed on a Stream
+// counts there from its placement on, with no moment in between where it
+// counts nowhere. Watch a is placed on one of two empty Streams and held
+// inside its Stream's Watch call (at that call's look at ctx, its second:
+// the group's is first); Watch b, placed meanwhile, goes to the other.
+func TestPlacedWatchCountsUntilItsStreamHasIt(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	gc := &gateCtx{Context: ctx(t), n: 2, entered: make(chan struct{}), released: make(chan struct{})}
+	res := make(chan error, 1)
+	go func() {
+		_, err := g.Watch(gc, etcdwatch.Key("a"))
+		res <- err
+	}()
+	select {
+	case <-gc.entered:
+	case <-timeout():
+		t.Fatal("a's Watch call not held")
+	}
+	_, err := g.Watch(ctx(t), etcdwatch.Key("b"))
+	require.NoError(t, err)
+	close(gc.released)
+	require.NoError(t, <-res)
+	require.NotEqual(t, f.streamOf("a"), f.streamOf("b"), "a and b on one Stream, the other empty")
 }
