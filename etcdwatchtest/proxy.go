@@ -41,6 +41,7 @@ type Proxy struct {
 // link is one proxied connection.
 type link struct {
 	client net.Conn
+	done   chan struct{} // closed with the link: a chunk it holds for a delay is let go
 
 	mu         sync.Mutex
 	server     net.Conn // nil while the target is being dialed
@@ -181,7 +182,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		backoff = 0
-		l := &link{client: c}
+		l := &link{client: c, done: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed || p.refusing { // closed: accepted while Close ran, after its Cut
 			p.mu.Unlock()
@@ -236,10 +237,10 @@ func (p *Proxy) wait(d time.Duration) bool {
 	}
 }
 
-// hold waits out the delay of a chunk that arrived at start: until start
-// plus the delay set now, looking again each time SetDelay changes it. It
-// reports false if Close came first.
-func (p *Proxy) hold(start time.Time) bool {
+// hold waits out the delay of a chunk of l that arrived at start: until
+// start plus the delay set now, looking again each time SetDelay changes
+// it. It reports false if l closed (a Cut) or Close came first.
+func (p *Proxy) hold(l *link, start time.Time) bool {
 	for {
 		p.mu.Lock()
 		d, changed := p.delay, p.changed
@@ -254,6 +255,9 @@ func (p *Proxy) hold(start time.Time) bool {
 			return true
 		case <-changed:
 			t.Stop()
+		case <-l.done:
+			t.Stop()
+			return false
 		case <-p.ctx.Done():
 			t.Stop()
 			return false
@@ -276,7 +280,7 @@ func (p *Proxy) copy(l *link, dst, src net.Conn) {
 				if onDelay != nil {
 					onDelay()
 				}
-				if !p.hold(time.Now()) { // the injected fault itself, not synchronisation
+				if !p.hold(l, time.Now()) { // the injected fault itself, not synchronisation
 					return
 				}
 			}
@@ -312,6 +316,9 @@ func (l *link) connect(s net.Conn) bool {
 func (l *link) close() bool {
 	l.mu.Lock()
 	was := !l.closed
+	if was {
+		close(l.done)
+	}
 	l.closed = true
 	s := l.server
 	l.mu.Unlock()

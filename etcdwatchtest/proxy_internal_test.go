@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // wait bounds every wait of these tests.
@@ -199,4 +200,27 @@ func TestCutCountsOnlyOpenConnections(t *testing.T) {
 	require.Equal(t, 1, p.Cut())
 	require.Equal(t, 0, p.Cut(), "the connection was closed by the first Cut")
 	require.Equal(t, 0, p.Blackhole(), "no connection is open")
+}
+
+// TestCutEndsADelayUnderWay: a Cut lets go of a chunk held for a delay on
+// the connection it closes: the goroutines forwarding it exit then, not
+// when the delay would have passed.
+func TestCutEndsADelayUnderWay(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	delaying := make(chan struct{})
+	p.mu.Lock()
+	p.onDelay = sync.OnceFunc(func() { close(delaying) })
+	p.mu.Unlock()
+	p.SetDelay(time.Hour)
+	before := goleak.IgnoreCurrent() // the proxy's accept loop and the sink's
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	await(t, delaying, "delay")
+	require.Equal(t, 1, p.Cut())
+	c.Close()
+	goleak.VerifyNone(t, before) // the link's copiers have exited
 }
