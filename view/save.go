@@ -159,7 +159,8 @@ func (c *core[T]) saveFile() {
 // synced so that the rename lasts. A crash at any point leaves either the
 // old file or the new one whole at path, and perhaps that temporary file.
 // Two savers of one path (two processes, as in a rollout) each write their
-// own: the last rename wins, whole.
+// own: the last rename wins, whole. The new file has the mode of the one
+// it replaces, or 0600.
 func writeFile(path string, write func(io.Writer) error) (err error) {
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
 	if err != nil {
@@ -172,6 +173,11 @@ func writeFile(path string, write func(io.Writer) error) (err error) {
 			os.Remove(tmp)
 		}
 	}()
+	if fi, err := os.Stat(path); err == nil { // the file it replaces keeps its mode; a new one is 0600
+		if err := f.Chmod(fi.Mode().Perm()); err != nil {
+			return err
+		}
+	}
 	if err := write(f); err != nil {
 		return err
 	}

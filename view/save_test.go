@@ -205,3 +205,25 @@ func TestSaveDoesNotHoldTheStateItSaved(t *testing.T) {
 		}
 	}
 }
+
+// TestSaveKeepsTheModeOfTheFileItReplaces: a save replaces the state file
+// with a file of the same mode (a new one is 0600, as CreateTemp makes it).
+func TestSaveKeepsTheModeOfTheFileItReplaces(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("no Unix modes")
+	}
+	path := filepath.Join(t.TempDir(), "v.state")
+	save := func() {
+		t.Helper()
+		require.NoError(t, writeFile(path, func(w io.Writer) error { _, err := w.Write([]byte("x")); return err }))
+	}
+	save()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "a new file")
+	require.NoError(t, os.Chmod(path, 0o644))
+	save()
+	fi, err = os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o644), fi.Mode().Perm(), "the mode of the file replaced")
+}
