@@ -31,7 +31,8 @@
 //   - Delivery never blocks the dispatcher: a consumer that stops reading is
 //     buffered for (WithBufferLimit), briefly waited for (WithStallBudget),
 //     then paused on the server and resumed from its next revision.
-//   - After Watch.Cancel returns, nothing more is delivered.
+//   - After Watch.Cancel returns, nothing more is delivered (to a Handler's
+//     watch, at most the one call already under way).
 //   - Watches outlive gRPC streams: a stream that fails, or goes silent, is
 //     replaced and every watch re-created from its next revision.
 //

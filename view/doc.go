@@ -17,9 +17,10 @@
 // # Concurrency
 //
 // Every method of View and Snapshot is safe for concurrent use; a
-// Subscription's Next is for one goroutine at a time, its Close for any.
-// A View's state runs one goroutine (one more with WithIntegrityCheck, one
-// more with WithStateFile, and one while it asks for a bookmark, and, on
-// servers before etcd 3.7, one while it reads a page of its listing); Done
-// is closed once they have returned.
+// Subscription's Next and Batches are for one goroutine at a time, its
+// Close and Err for any. A View's state runs one goroutine (one more with
+// WithIntegrityCheck, one more with WithStateFile, one while it asks for a
+// bookmark, one while a warm restart waits for the server to say how far
+// to catch up, and, on servers before etcd 3.7, one while it reads a page
+// of its listing); Done is closed once they have returned.
 package view

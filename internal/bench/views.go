@@ -43,7 +43,7 @@ var (
 	viewChildOf   = flag.String("view-child", "", "internal: run this view workload's contender, print its result and exit")
 	viewChildRep  = flag.Int("view-rep", 0, "internal: the repetition of a view child")
 	viewChildWant = flag.Int("view-events", 0, "internal: the events a viewapply child waits for")
-	viewProfile   = flag.String("view-cpuprofile", "", "viewsync, viewrelist, viewapply: write a CPU profile of each child's measured part to this path, suffixed .<contender>.<repetition>")
+	viewProfile   = flag.String("view-cpuprofile", "", "viewsync, viewrelist, viewapply, warm: write a CPU profile of each child's measured part to this path, suffixed .<contender>.<repetition>")
 	viewHeap      = flag.String("view-memprofile", "", "viewsync: write a heap profile of what each child keeps (after its listing and two GCs) to this path, suffixed .<contender>.<repetition>")
 )
 
