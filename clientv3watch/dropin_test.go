@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,7 +176,8 @@ func TestDropIn(t *testing.T) {
 
 	t.Run("a consumer that stops reading is paused and resumed: nothing lost", func(t *testing.T) {
 		cli := client(t, endpoints, "", "")
-		cli.Watcher = clientv3watch.New(cli, etcdwatch.WithBufferLimit(8), etcdwatch.WithStallBudget(0))
+		paused := &counting{msg: "etcdwatch: consumer fell behind; watch paused"}
+		cli.Watcher = clientv3watch.New(cli, etcdwatch.WithBufferLimit(8), etcdwatch.WithStallBudget(0), etcdwatch.WithLogger(slog.New(paused)))
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
 		ch := cli.Watch(ctx, "slow/", clientv3.WithPrefix())
@@ -188,7 +190,25 @@ func TestDropIn(t *testing.T) {
 		for i := 1; i < n; i++ {
 			require.Equal(t, evs[i-1].Kv.ModRevision+1, evs[i].Kv.ModRevision)
 		}
+		require.Positive(t, paused.n.Load(), "the watch was never paused: the test proved nothing")
 	})
+}
+
+// counting is a slog.Handler that counts the records with message msg.
+type counting struct {
+	msg string
+	n   atomic.Int64
+}
+
+func (c *counting) Enabled(context.Context, slog.Level) bool { return true }
+func (c *counting) WithAttrs([]slog.Attr) slog.Handler       { return c }
+func (c *counting) WithGroup(string) slog.Handler            { return c }
+
+func (c *counting) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == c.msg {
+		c.n.Add(1)
+	}
+	return nil
 }
 
 // warnings is a slog.Handler that sends the first warning it gets to ch.

@@ -85,14 +85,19 @@ func (p *Proxy) accept() {
 		p.conns[c] = s
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(c, s) // each exits when either side is closed
-		go p.pipe(s, c)
+		go p.pipe(c, c, s) // each exits when either side is closed
+		go p.pipe(c, s, c)
 	}
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst until either closes, then closes both and forgets
+// the pair of client c: a Cut counts only the connections still open.
+func (p *Proxy) pipe(c, dst, src net.Conn) {
 	defer p.wg.Done()
 	_, _ = io.Copy(dst, src)
 	dst.Close()
 	src.Close()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
 }

@@ -273,12 +273,14 @@ func viewRestoreAtCompaction(t *testing.T, e *Env) {
 	prefix := unique("view-restore")
 	e.txn(t, [2]string{prefix + "a", "v"}, [2]string{prefix + "b", "v"})
 	var saved bytes.Buffer
+	var savedRev int64
 	func() {
 		s := open(t, e.Endpoint)
 		v, err := view.New(t.Context(), s, etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithSave())
 		must(t, err)
 		defer v.Close()
 		syncView(t, v)
+		savedRev = v.Revision()
 		must(t, v.Save(&saved))
 	}()
 	deleted := e.del(t, prefix+"a")
@@ -295,6 +297,7 @@ func viewRestoreAtCompaction(t *testing.T, e *Env) {
 	equal(t, e.rows(t, prefix, rev), snapRows(t, v.Snapshot()), fmt.Sprintf("the restored view at %d", rev))
 	from, refused := v.Restored()
 	t.Logf("etcd %s: restored from %d (refused: %v), deleted and compacted at %d, view at %d", e.Version, from, refused, deleted, rev)
+	check(t, refused == nil && from == savedRev, "the view started from its saved state at %d, not a listing (restored from %d, refused: %v)", savedRev, from, refused)
 }
 
 // viewSync: after each of 100 writes (puts, and deletes of keys there or

@@ -121,17 +121,16 @@ func busyPrefixWhileCreating(t *testing.T, watchAll bool) {
 	progress, err := s.RequestProgress(ctx)
 	require.NoError(t, err)
 	for n, w := range watches {
-		events := nextEvents(t, w)
-		require.Len(t, events, 1)
-		require.Equal(t, own(n), string(events[0].Key))
-		require.Equal(t, fmt.Sprint("own-", n), string(events[0].Value))
-		for drained := false; !drained; { // nothing else up to the progress revision
-			select {
-			case r := <-w.Responses():
-				require.True(t, r.IsProgress(), "watch %d got a stray event %v", n, r.Events)
-			default:
-				drained = true
-			}
+		r := next(t, w)
+		for r.IsProgress() {
+			r = next(t, w)
+		}
+		require.Len(t, r.Events, 1)
+		require.Equal(t, own(n), string(r.Events[0].Key))
+		require.Equal(t, fmt.Sprint("own-", n), string(r.Events[0].Value))
+		for r.Revision < progress { // nothing else up to the progress revision, whose bookmark comes after
+			r = next(t, w)
+			require.True(t, r.IsProgress(), "watch %d got a stray event %v", n, r.Events)
 		}
 	}
 	t.Logf("created %d watches beside a writer in %v; busy watch checked %d events up to revision %d (progress %d)",
