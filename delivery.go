@@ -181,6 +181,19 @@ func (o *delivery) giveUp() {
 	}
 }
 
+// drop lets go of the backlog of a Handler's watch that is served, whose
+// goroutine hands nothing more over (the Stream is closing); it goes on
+// serving it, to its end.
+func (o *delivery) drop() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if m := o.more; m != nil {
+		m.backlog.queue.Reset()
+		m.backlog.queued = load{}
+	}
+	o.dropped = true
+}
+
 // finish ends the watch with err once the consumer has taken its backlog:
 // the channel closes now if no pump runs, else when the pump has delivered
 // the rest. It reports whether this call ended the watch, and whether the

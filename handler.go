@@ -62,8 +62,10 @@ func WithGoroutines(n int) HandlerOption {
 // Err returns): ErrCanceled, the context's cause, ErrClosed, a
 // *CompactedError, a *ServerError, or an error wrapping ErrStreamFailed.
 // It is called from the Handler's goroutines, possibly after the Close
-// that ended the watch has returned. Default: nobody is told (Done and Err
-// still say it).
+// that ended the watch has returned; once Close has begun, no response is
+// handed over (a call in progress runs to its end), even one that was
+// waiting for a watch the server had ended before. Default: nobody is
+// told (Done and Err still say it).
 func WithEnded(ended func(w *Watch, err error)) HandlerOption {
 	return func(h *Handler) { h.ended = ended }
 }
@@ -145,8 +147,18 @@ func (h *Handler) work() {
 // before it lets the other queued watches have a turn.
 const handlerTurn = 16
 
+// closing reports whether s's Close has begun.
+func closing(s *Stream) bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 // serve hands w up to handlerTurn responses, or its end, and queues it
-// again if it has more.
+// again if it has more; nothing once the Stream is closing.
 func (h *Handler) serve(w *Watch) {
 	s := w.lane.s
 	var took load
@@ -163,6 +175,11 @@ func (h *Handler) serve(w *Watch) {
 				h.ended(w, w.Err())
 			}
 			return
+		}
+		if closing(s) { // as a channel's pump, hand nothing more over once Close began
+			w.out.drop()
+			took = load{}
+			continue // to the watch's end, or to idle until Close ends it
 		}
 		took = weigh(r)                   // before the function, which owns r, can change it
 		w.out.delivered.Store(r.Revision) // in its hands: Revision is r's during the call

@@ -442,3 +442,35 @@ func TestHandlerCancelOfAnIdleWatchEndsItAtOnce(t *testing.T) {
 	}
 	require.Empty(t, rec.broken)
 }
+
+// TestHandlerHandsNothingOverAfterClose: once Close begins, a Handler
+// hands over no more responses, as a channel's pump gives no more: here
+// those of a watch the server ended with responses still waiting for the
+// call in progress. That call returns, and Ended follows, with the
+// server's error.
+func TestHandlerHandsNothingOverAfterClose(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	release := sync.OnceFunc(func() { close(rec.gate) })
+	hd := rec.handler()
+	w := h.handled(hd, 1)[0]
+	t.Cleanup(release) // before handled's Wait, should the test fail
+	for rev := int64(2); rev <= 4; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("k0", "v", rev)))
+		if rev == 2 {
+			rec.await(t, func() bool { return rec.running == 1 }, "the first call")
+		}
+	}
+	h.srv.Send(t, ws.Canceled(w.ID())) // the server ends the watch; two responses wait
+	h.await(func() bool { return h.s.Stats().Watches == 0 }, "the server's end taken")
+	require.NoError(t, h.s.Close())
+	release()
+	hd.Wait()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, 1, rec.calls[w], "a call after Close began")
+	var se *etcdwatch.ServerError
+	require.ErrorAs(t, rec.ends[w], &se, "Ended with the server's end")
+	require.Empty(t, rec.broken)
+}
