@@ -95,7 +95,7 @@ func (l *lane) await(ctx context.Context, p *progressWaiter) progressResult {
 	case r := <-p.reply:
 		return r
 	case <-ctx.Done():
-		return progressResult{err: l.s.State().Explain(context.Cause(ctx))}
+		return progressResult{err: l.state.get().Explain(context.Cause(ctx))} // this lane's: not another's failure
 	case <-l.done:
 		return progressResult{err: ErrClosed}
 	}

@@ -238,3 +238,23 @@ func TestRetiredLanesExit(t *testing.T) {
 	require.Eventually(t, func() bool { return runtime.NumGoroutine() < before+n/3 }, wait, time.Millisecond,
 		"goroutines: %d before %d lanes failed for good and were replaced, %d after", before, n, runtime.NumGoroutine())
 }
+
+// TestWaitExplainedByItsOwnLane: a Watch on the main stream that gives up
+// is explained by the main stream's state, not by the isolated stream's
+// failure (nor the other way round): here the main stream answers, and the
+// isolated one has lost its server.
+func TestWaitExplainedByItsOwnLane(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("a"), 3)
+	_, iso := h.isolated(etcdwatch.Prefix("v/"), 3, nil)
+	iso.Close(status.Error(codes.Unavailable, "isolated member going away"))
+	h.await(func() bool { return !h.s.State().Connected }, "the isolated stream's end noticed")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	res := h.watchAsync(ctx, etcdwatch.Key("b"))
+	h.srv.RecvCreate(t) // never answered
+	cancel()
+	got := recvResult(t, res)
+	require.ErrorIs(t, got.err, context.Canceled)
+	require.NotContains(t, got.err.Error(), "isolated member going away", "explained by the other stream's failure")
+}

@@ -188,7 +188,7 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	for l, lws := range byLane(ws) {
 		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed, and stop counting
 	}
-	failed, err := s.awaitCreated(ctx, created, len(ws))
+	failed, err := s.awaitCreated(ctx, created, ws)
 	if err == nil {
 		return ws, -1, nil
 	}
@@ -228,26 +228,27 @@ func (s *Stream) cancelAll(ws []*Watch, failed *Watch, err error) {
 	}
 }
 
-// awaitCreated waits for n outcomes of creates and returns the first failure:
-// a watch the server refused and why, or no watch and ctx's cause,
-// ErrCreateTimeout or ErrClosed.
-func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, n int) (*Watch, error) {
+// awaitCreated waits for the outcomes of the creates of ws and returns the
+// first failure: a watch the server refused and why, or no watch and ctx's
+// cause, ErrCreateTimeout or ErrClosed, explained by the state of the lanes
+// of ws (stateOf).
+func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []*Watch) (*Watch, error) {
 	var timeout <-chan time.Time
 	if d := s.opts.createTimeout; d > 0 {
 		t := s.opts.clock.NewTimer(d)
 		defer t.Stop()
 		timeout = t.C()
 	}
-	for range n {
+	for range ws {
 		select {
 		case c := <-created:
 			if c.err != nil {
 				return c.w, c.err
 			}
 		case <-ctx.Done():
-			return nil, s.State().Explain(context.Cause(ctx))
+			return nil, s.stateOf(ws).Explain(context.Cause(ctx))
 		case <-timeout:
-			return nil, s.State().Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
+			return nil, s.stateOf(ws).Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
 		case <-s.closing:
 			return nil, ErrClosed
 		}
@@ -337,6 +338,19 @@ func (s *Stream) State() State {
 		}
 	}
 	return st
+}
+
+// stateOf is the State that explains a wait for the watches ws: that of
+// their lane when they share one, so that a watch on the main stream is not
+// told of the isolated stream's failure, or the other way round; else the
+// Stream's.
+func (s *Stream) stateOf(ws []*Watch) State {
+	for _, w := range ws {
+		if w.lane != ws[0].lane {
+			return s.State()
+		}
+	}
+	return ws[0].lane.state.get()
 }
 
 // Close ends every watch with ErrClosed, ends the gRPC stream and waits for
