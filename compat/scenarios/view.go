@@ -719,7 +719,8 @@ func (o *outage) dial(ctx context.Context, _ string) (net.Conn, error) {
 }
 
 // down closes every connection, holds every dial from now on, and returns
-// how many connections it closed.
+// how many connections it closed: those gRPC had closed already do not
+// count, so that down() >= 1 proves an open connection was cut.
 func (o *outage) down() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -732,9 +733,11 @@ func (o *outage) down() int {
 	case <-o.held:
 	default:
 	}
-	n := len(o.conns)
+	n := 0
 	for _, c := range o.conns {
-		c.Close()
+		if c.Close() == nil { // an error: it was closed already
+			n++
+		}
 	}
 	o.conns = nil
 	return n
