@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"log/slog"
 	"math/big"
 	"net"
@@ -192,4 +193,42 @@ func TestServerEndedWatchIsLogged(t *testing.T) {
 	require.ErrorIs(t, ended(t, refused), etcdwatch.ErrPermissionDenied)
 	require.Equal(t, 1, logs.count(`INFO etcdwatch: server ended the watch watch=key "a"`), "%q", logs.msgs)
 	require.Equal(t, 1, logs.count(`WARN etcdwatch: server ended the watch watch=key "b"`), "%q", logs.msgs)
+}
+
+// TestWatchesOfACallThatGaveUpEndWithItsCause: when the ctx of a Handle
+// call ends while the stream cannot open, the call's error explains why,
+// but each watch ends with ctx's cause itself, as Watch documents for a
+// ctx that ends: not with the explained error, which it got before only
+// when the call reached its watches before ctx's own end did.
+func TestWatchesOfACallThatGaveUpEndWithItsCause(t *testing.T) {
+	var logs logRecorder
+	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs)
+	awaitOpenFailure(t, s, &logs)
+	base := s.Stats().Watches // the one awaitOpenFailure holds
+	opened := 0
+	for range 20 { // the two ends race: each round gives the other a chance
+		ended := make(chan error, 2)
+		h := etcdwatch.NewHandler(func(*etcdwatch.Watch, int, etcdwatch.Response) {},
+			etcdwatch.WithEnded(func(_ *etcdwatch.Watch, err error) { ended <- err }))
+		cause := errors.New("gave up")
+		ctx, cancel := context.WithCancelCause(context.Background())
+		res := make(chan error, 1)
+		go func() { // returns once ctx ends: the stream cannot confirm
+			_, err := s.Handle(ctx, h, etcdwatch.Key("a"), etcdwatch.Key("b"))
+			res <- err
+		}()
+		require.Eventually(t, func() bool { return s.Stats().Watches == base+2 }, wait, time.Millisecond)
+		cancel(cause)
+		err := recv(t, res, "Handle")
+		require.ErrorIs(t, err, cause)
+		h.Wait() // the Ended calls are due once Handle returns
+		if len(ended) == 0 {
+			continue // ctx ended before the call opened its watches
+		}
+		opened++
+		for range 2 {
+			require.Same(t, cause, recv(t, ended, "Ended"))
+		}
+	}
+	require.Positive(t, opened, "no call got as far as opening its watches")
 }

@@ -140,7 +140,9 @@ func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) 
 // be called for a watch before Handle returns. If Handle fails, every
 // watch it opened ends, and h is told of each end (WithEnded) as of any
 // other, with the call's error; when the server refused one request, that
-// watch ends with the refusal and the others with ErrCanceled. Handle does
+// watch ends with the refusal and the others with ErrCanceled; when ctx
+// ended, each ends with ctx's cause, as a watch does whose ctx ends (the
+// call's error adds why the stream was down, if it was). Handle does
 // not wait for those calls. A nil h panics.
 func (s *Stream) Handle(ctx context.Context, h *Handler, rs ...Request) ([]*Watch, error) {
 	if h == nil {
@@ -196,7 +198,11 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	if whole {
 		failed = nil // told to one watch first, but it concerns them all: each ends with it
 	}
-	s.cancelAll(ws, failed, err)
+	ends := err
+	if cause := context.Cause(ctx); cause != nil && failed == nil && !whole {
+		ends = cause // the watches' ctx ended: each ends with its cause, as ctx's end does (not the call's explained error)
+	}
+	s.cancelAll(ws, failed, ends)
 	if whole {
 		return nil, -1, err
 	}
