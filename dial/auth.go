@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -32,9 +33,12 @@ var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
 // more on a new stream, which carries the new token, and every other watch
 // resumes on it from its next revision, nothing lost. A unary RPC refused
 // for its token is tried once more with a new one. An RPC that waits for a
-// ready connection (grpc.WaitForReady) waits for its token likewise: the
-// Authenticate made for it waits too, and is tried again until it
-// succeeds, is refused, or the RPC's context ends.
+// ready connection (grpc.WaitForReady, given to the call or as a default
+// call option through WithGRPCOptions) waits for its token likewise: the
+// Authenticate made for it is tried again, each time the connection is
+// ready, until it succeeds, is refused, or the RPC's context ends. A
+// service config's waitForReady is not seen: such an RPC fails fast while
+// no token can be had.
 //
 // A wrong user name or password is final: the RPC (for a Stream, its
 // first Watch stream, so every watch of the Stream) fails with an error
@@ -61,9 +65,11 @@ const (
 // that when the server refuses that very token, it alone is dropped: a
 // token another RPC got meanwhile is kept.
 //
-// One caller at a time authenticates (whoever holds turn); the others wait
-// for it, each within its own context. token, known and failedAt are
-// written by the holder of turn, under mu.
+// One caller at a time authenticates (whoever holds turn), with an
+// Authenticate that fails fast, so that the turn is held for one try and
+// not for an outage; the others wait for it, each within its own context.
+// token and failedAt are written by the holder of turn, under mu; known
+// too, and cleared by invalidate, under mu.
 type tokenAuth struct {
 	user, password string
 	turn           chan struct{}
@@ -90,15 +96,34 @@ func (a *tokenAuth) current() (string, bool, error) {
 // user or password is asked for once: every RPC after gets that refusal
 // (the Stream's release probe and its first Watch stream race for it).
 // For an RPC that waits for a ready connection (grpc.WaitForReady, given
-// to the call or as a default call option), Authenticate waits too, and is
-// tried again, spaced, while it fails for a reason that may pass (see
-// passing), until ctx ends.
+// to the call or as a default call option), Authenticate is tried again
+// while it fails for a reason that may pass (see passing), until ctx ends:
+// each time once the connection is ready (awaitReady, outside the turn),
+// and spaced (getOnce).
 func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.CallOption) (string, error) {
 	ready := waitsForReady(opts)
 	for {
-		tok, err := a.getOnce(ctx, cc, ready)
+		tok, err := a.getOnce(ctx, cc)
 		if err == nil || !ready || ctx.Err() != nil || !passing(err) {
 			return tok, err
+		}
+		awaitReady(ctx, cc)
+	}
+}
+
+// awaitReady returns once cc is ready, shut down, or ctx ends, connecting
+// an idle cc: as an RPC that waits for a ready connection would wait.
+func awaitReady(ctx context.Context, cc *grpc.ClientConn) {
+	for {
+		st := cc.GetState()
+		switch st {
+		case connectivity.Ready, connectivity.Shutdown:
+			return
+		case connectivity.Idle:
+			cc.Connect()
+		}
+		if !cc.WaitForStateChange(ctx, st) {
+			return
 		}
 	}
 }
@@ -128,7 +153,7 @@ func waitsForReady(opts []grpc.CallOption) bool {
 }
 
 // getOnce is one try of get.
-func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn, ready bool) (string, error) {
+func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
 	}
@@ -149,7 +174,7 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn, ready bool
 			return "", status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	tok, err := a.authenticate(ctx, cc, ready)
+	tok, err := a.authenticate(ctx, cc)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err != nil {
@@ -164,14 +189,14 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn, ready bool
 	return tok, nil
 }
 
-// authenticate asks the server for a new token, waiting for a ready
-// connection if ready is set. A refusal of the user or password is an
-// *authError; other errors (no connection, no leader) are returned as they
-// are, for the caller to try again.
-func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn, ready bool) (string, error) {
+// authenticate asks the server for a new token, failing fast without a
+// ready connection. A refusal of the user or password is an *authError;
+// other errors (no connection, no leader) are returned as they are, for
+// the caller to try again.
+func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, authTimeout)
 	defer cancel()
-	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(ready))
+	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(false))
 	switch {
 	case err == nil:
 		return resp.Token, nil

@@ -392,8 +392,62 @@ func TestAuthWaitsForReadyWithTheCall(t *testing.T) {
 	pb.RegisterKVServer(srv, a)
 	serve(t, srv, lis)
 	require.NoError(t, <-res)
-	require.Contains(t, opts, grpc.CallOption(grpc.WaitForReady(true)), "Authenticate waits for a ready connection, as the call does")
+	require.Contains(t, opts, grpc.CallOption(grpc.WaitForReady(false)), "Authenticate fails fast: the call waits between tries, outside the auth turn")
 	require.Equal(t, 1, a.authenticated())
+}
+
+// TestAuthWaitingCallHoldsNoOneUp: while an RPC that waits for a ready
+// connection waits for its token through an outage, a fail-fast RPC on the
+// same connection still fails fast (Unavailable), as it would without
+// WithPassword. It used to wait for the other's Authenticate, which waited
+// for the connection for up to 5 s (authTimeout) holding the auth turn; the
+// Stream's release probe is such an RPC, so every Stream on a connection
+// with a password held its first report of the outage for that long.
+func TestAuthWaitingCallHoldsNoOneUp(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close()) // the member is down
+	asked := make(chan struct{}, 1)
+	var timedOut atomic.Int32 // Authenticate calls that ended waiting
+	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == pb.Auth_Authenticate_FullMethodName {
+			if status.Code(err) == codes.DeadlineExceeded {
+				timedOut.Add(1)
+			}
+			select {
+			case asked <- struct{}{}:
+			default:
+			}
+		}
+		return err
+	}
+	conn, err := dial.New([]string{addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	waiting, stop := context.WithCancel(t.Context())
+	res := make(chan error, 1)
+	go func() { // until stop
+		_, err := kv.Range(waiting, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+		res <- err
+	}()
+	defer func() {
+		stop()
+		require.Equal(t, codes.Canceled, status.Code(<-res))
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	select {
+	case <-asked: // the waiting RPC has had its first try
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	_, err = kv.Range(ctx, &pb.RangeRequest{Key: []byte("b")})
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Zero(t, timedOut.Load(), "an Authenticate waited for the connection until it timed out")
 }
 
 // userAdmin is a fake etcd whose Authenticate always succeeds, and whose
