@@ -146,17 +146,17 @@ func (s *endpointSchemes) add(e endpoint) error {
 // required: etcd has no single default one (2379 for clients, but often
 // another), and gRPC would dial port 443.
 func parseEndpoint(ep string) (endpoint, error) {
-	e := endpoint{raw: ep, host: ep}
+	e := endpoint{raw: redact(ep), host: ep} // raw: what errors say
 	if ep == "" {
 		return e, fmt.Errorf("%w: empty endpoint", etcdwatch.ErrInvalidArgument)
+	}
+	if !strings.Contains(ep, "://") && strings.Contains(ep, "@") {
+		return e, fmt.Errorf("%w: endpoint %q: user info in an endpoint is not used; authenticate with WithPassword", etcdwatch.ErrInvalidArgument, e.raw)
 	}
 	if strings.Contains(ep, "://") {
 		u, err := url.Parse(ep)
 		if err != nil {
-			return e, fmt.Errorf("%w: endpoint %q is not a URL", etcdwatch.ErrInvalidArgument, ep)
-		}
-		if u.User != nil {
-			e.raw = u.Redacted() // no password in what errors say
+			return e, fmt.Errorf("%w: endpoint %q is not a URL", etcdwatch.ErrInvalidArgument, e.raw)
 		}
 		e.scheme, e.host = strings.ToLower(u.Scheme), u.Host
 		switch {
@@ -170,7 +170,7 @@ func parseEndpoint(ep string) (endpoint, error) {
 			return e, fmt.Errorf("%w: endpoint %q: etcd's gRPC endpoints have no path, query or fragment", etcdwatch.ErrInvalidArgument, e.raw)
 		}
 	}
-	_, port, err := net.SplitHostPort(e.host)
+	_, port, err := net.SplitHostPort(e.host) // e.host holds no user info: refused above
 	if err != nil {
 		return e, fmt.Errorf("%w: endpoint %q needs host:port: %w", etcdwatch.ErrInvalidArgument, e.raw, err)
 	}
@@ -178,4 +178,25 @@ func parseEndpoint(ep string) (endpoint, error) {
 		return e, fmt.Errorf("%w: endpoint %q has no valid port", etcdwatch.ErrInvalidArgument, e.raw)
 	}
 	return e, nil
+}
+
+// redact returns ep with the password of any user info in it replaced by
+// "xxxxx", as url.URL.Redacted does, but by the text alone: an endpoint
+// that is not a valid URL (a '%' in the password, say) is named in errors
+// too. The user info runs from after the scheme to the last '@', since a
+// password may hold any character.
+func redact(ep string) string {
+	at := strings.LastIndex(ep, "@")
+	if at < 0 {
+		return ep
+	}
+	start := 0
+	if i := strings.Index(ep, "://"); i >= 0 && i < at {
+		start = i + len("://")
+	}
+	user, _, hasPassword := strings.Cut(ep[start:at], ":")
+	if !hasPassword {
+		return ep
+	}
+	return ep[:start] + user + ":xxxxx" + ep[at:]
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -56,6 +57,11 @@ func TestEndpoints(t *testing.T) {
 		{endpoint: "localhost:70000", says: "port"},
 		{endpoint: "http://", says: "host"},
 		{endpoint: "http://alice:secret@127.0.0.1:2379", says: "WithPassword", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://alice:50%secret@127.0.0.1:2379", says: "not a URL", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://alice:secret@127.0.0.1:2379/%zz", says: "not a URL", named: "http://alice:xxxxx@127.0.0.1:2379/%zz"},
+		{endpoint: "http://alice:se@cret@127.0.0.1:2379", says: "WithPassword", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "alice:secret@127.0.0.1:2379", says: "WithPassword", named: "alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "alice@127.0.0.1:2379", says: "WithPassword"},
 		{endpoint: "http://127.0.0.1:2379/v3", says: "path"},
 		{endpoint: "http://127.0.0.1:2379?x=1", says: "path"},
 	} {
@@ -182,6 +188,37 @@ func TestVerifiesEachMemberByItsHost(t *testing.T) {
 	_, err = pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
 	require.ErrorContains(t, err, "127.0.0.1")
 	require.ErrorContains(t, err, "doesn't contain any IP SANs")
+}
+
+// TestWithTLSTakesTheConfigAtTheCall: WithTLS clones its config when it is
+// called, as its doc says: a change to the config after it does not reach
+// the connection, and one Option serves two New calls at once (which raced
+// on the config while the Option cloned it inside New).
+func TestWithTLSTakesTheConfigAtTheCall(t *testing.T) {
+	certs := newTestCerts(t, "localhost", "127.0.0.1")
+	m := startTLSMember(t, 1, certs.server)
+	cfg := &tls.Config{RootCAs: certs.pool}
+	opt := dial.WithTLS(cfg)
+	cfg.RootCAs = newTestCerts(t, "localhost").pool // roots that do not verify m
+	conns := make(chan *grpc.ClientConn, 2)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			conn, err := dial.New([]string{"https://127.0.0.1:" + m.port}, opt)
+			assert.NoError(t, err)
+			conns <- conn
+		})
+	}
+	wg.Wait()
+	close(conns)
+	for conn := range conns {
+		require.NotNil(t, conn)
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		_, err := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(true))
+		cancel()
+		require.NoError(t, err, "the connection used the config as changed after WithTLS")
+		require.NoError(t, conn.Close())
+	}
 }
 
 // tlsMember is a gRPC server over TLS on a loopback port that answers

@@ -56,18 +56,20 @@ func (s *settings) clientError(err error) error {
 	return fmt.Errorf("%w: %w", etcdwatch.ErrInvalidArgument, err)
 }
 
-// WithTLS makes New connect over TLS configured by cfg, which is cloned.
-// Leave cfg.ServerName empty so that each member's certificate is
-// verified against that member's host; a nil cfg verifies against the
-// system's roots. Default: none (transport security then comes from
-// another option).
+// WithTLS makes New connect over TLS configured by cfg, which is cloned
+// here: changes to cfg after the call do not reach the Option, and one
+// Option may serve several New calls at once. Leave cfg.ServerName empty
+// so that each member's certificate is verified against that member's
+// host; a nil cfg verifies against the system's roots. Default: none
+// (transport security then comes from another option).
 func WithTLS(cfg *tls.Config) Option {
+	if cfg == nil {
+		cfg = &tls.Config{}
+	}
+	creds := credentials.NewTLS(cfg.Clone()) // clones cfg again; its ServerName is set per member at each handshake
 	return func(s *settings) {
-		if cfg == nil {
-			cfg = &tls.Config{}
-		}
 		s.tls = "WithTLS"
-		s.grpc = append(s.grpc, grpc.WithTransportCredentials(credentials.NewTLS(cfg.Clone())))
+		s.grpc = append(s.grpc, grpc.WithTransportCredentials(creds))
 	}
 }
 
