@@ -668,6 +668,7 @@ func TestRequestValidation(t *testing.T) {
 		{"end equals key", etcdwatch.Range("a", "a"), "End"},
 		{"negative revision", etcdwatch.Key("a").FromRevision(-1), "Revision"},
 		{"no events at all", etcdwatch.Key("a").WithoutPuts().WithoutDeletes(), "NoPut"},
+		{"bookmarks alone", etcdwatch.Key("a").WithoutPuts().WithoutDeletes().WithProgressNotify(), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.r.Validate()

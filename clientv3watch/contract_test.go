@@ -371,6 +371,27 @@ var contractCases = []contractCase{
 		r := e.del(t, "k")
 		fence(t, e, ch, r)
 	}},
+	{name: "WithFilterPut, WithFilterDelete and WithProgressNotify: a heartbeat under writes", run: func(t *testing.T, e *env) {
+		// etcd holds back a watch's periodic notification after it sent the
+		// watch an event: filtered in etcd, the events are never sent.
+		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithFilterPut(), clientv3.WithFilterDelete(), clientv3.WithProgressNotify())
+		var last int64
+		for heard := 0; heard < 3; {
+			e.put(t, "k", "1")
+			r := e.del(t, "k")
+			select {
+			case p, ok := <-ch:
+				require.True(t, ok, "closed")
+				require.True(t, p.IsProgressNotify(), "%+v", p)
+				require.GreaterOrEqual(t, p.Header.Revision, last)
+				last = p.Header.Revision
+				heard++
+			case <-e.ctx.Done():
+				t.Fatalf("%d progress notifications under writes before the case's time ran out (revision %d)", heard, r)
+			default:
+			}
+		}
+	}},
 	{name: "WithCreatedNotify: Created first, at the current revision", run: func(t *testing.T, e *env) {
 		r := e.put(t, "k", "1")
 		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithCreatedNotify())
@@ -520,6 +541,7 @@ var contractCases = []contractCase{
 			requireGRPCError(t, codes.Canceled, r.Err())
 			closed(t, ch)
 		}
+		requireGRPCError(t, codes.Canceled, cli.RequestProgress(e.ctx))
 		require.ErrorIs(t, cli.Close(), context.Canceled, "what Close says once the connection was closed under it")
 	}},
 	{name: "options as clientv3.OpWatch takes them: WithPrefix then WithFromKey, the last wins; WithLease panics", run: func(t *testing.T, e *env) {

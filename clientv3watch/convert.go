@@ -58,7 +58,11 @@ func specOf(key string, opts []clientv3.OpOption) watchSpec {
 		},
 		createdNotify: op.IsCreatedNotify(),
 	}
-	if sp.req.NoPut && sp.req.NoDelete {
+	if sp.req.NoPut && sp.req.NoDelete && !sp.req.ProgressNotify {
+		// etcdwatch refuses a watch that can deliver nothing; its created
+		// notification and the answers to RequestProgress are all clientv3
+		// gives it. With ProgressNotify both filters go to etcd, whose
+		// periodic notification an event sent would hold back.
 		sp.req.NoDelete, sp.dropEvents = false, true
 	}
 	fromKey := len(end) == 1 && end[0] == 0
@@ -174,8 +178,12 @@ type grpcError interface {
 
 // halts reports whether clientv3 ends its watch stream for err, rather
 // than opening another: any code but Unavailable and Internal (its
-// isHaltErr). etcdwatch retries those two, and ends a stream for good on
-// others only, but a connection closed under it may end it with any code.
+// isHaltErr). etcdwatch retries more: it ends a stream for good only on
+// PermissionDenied, Unauthenticated, InvalidArgument, Unimplemented, a
+// response above the receive limit (ResourceExhausted) or a closed
+// connection (which may end it with any code), and opens another on the
+// rest, where clientv3 ends its watches (see README). So the errors that
+// reach streamEnded halt.
 func halts(err grpcError) bool {
 	switch err.GRPCStatus().Code() {
 	case codes.OK, codes.Unavailable, codes.Internal:

@@ -9,6 +9,9 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 )
@@ -220,6 +223,8 @@ func (w *watcher) RequestProgress(ctx context.Context) error {
 	}
 	g := w.byKey[key]
 	switch {
+	case g == nil && w.connClosed():
+		return errConnClosing // as clientv3's, whose new stream fails so
 	case g == nil:
 		return nil // no watches: etcd would answer nothing
 	case g.progressRunning:
@@ -277,3 +282,14 @@ func finished(rs ...clientv3.WatchResponse) clientv3.WatchChan {
 // errLeaderLost ends the watches of a group whose member reported that it
 // has no leader.
 var errLeaderLost = errors.New("clientv3watch: the member has no leader")
+
+// errConnClosing is gRPC's error for an RPC on a closed connection, which
+// clientv3's RequestProgress returns then.
+var errConnClosing = status.Error(codes.Canceled, "grpc: the client connection is closing")
+
+// connClosed reports whether the watcher's connection is closed, when the
+// connection can tell (a *grpc.ClientConn can).
+func (w *watcher) connClosed() bool {
+	c, ok := w.conn.(interface{ GetState() connectivity.State })
+	return ok && c.GetState() == connectivity.Shutdown
+}
