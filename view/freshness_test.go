@@ -379,6 +379,27 @@ func TestSubscriptionsEndedByTheirContextAreForgotten(t *testing.T) {
 	require.ErrorIs(t, ended.Err(), etcdwatch.ErrPermissionDenied, "Err says why, as Next did")
 }
 
+// TestSubscriptionsEndedWhileSubscribingAreForgotten: a subscription
+// whose context has ended already may end (and tell its View) before
+// Subscribe counts it; it must not stay counted then. It did, a few times
+// in these 20,000 calls, for as long as the View lived.
+func TestSubscriptionsEndedWhileSubscribingAreForgotten(t *testing.T) {
+	h := newHarness(t)
+	vh := openView(h, view.DecodeBytes)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 20000 {
+		sub := vh.v.Subscribe(ctx, 0)
+		for { // its Resync may come first: until it has ended
+			if _, err := sub.Next(context.Background()); err != nil {
+				require.ErrorIs(t, err, context.Canceled)
+				break
+			}
+		}
+	}
+	require.Zero(t, vh.v.Stats().Subscribers, "ended subscriptions still counted")
+}
+
 // syncAnswered makes a Sync of vh's view and answers the progress request
 // it makes at the KV's revision.
 func syncAnswered(t *testing.T, vh *viewHarness[[]byte]) {

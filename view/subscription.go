@@ -19,6 +19,7 @@ type Subscription[T any] struct {
 	closed  chan struct{}  // closed by end
 	cause   error          // why it ended; written before closed is closed
 	once    sync.Once
+	ending  atomic.Bool            // end has begun: set before onEnd is told
 	onEnd   func(*Subscription[T]) // tells its View, at the end; may be nil
 
 	mu      sync.Mutex
@@ -209,6 +210,7 @@ func (s *Subscription[T]) Close() { s.end(ErrClosed) }
 func (s *Subscription[T]) end(cause error) {
 	s.once.Do(func() {
 		s.cause = cause
+		s.ending.Store(true)
 		if s.onEnd != nil {
 			s.onEnd(s)
 		}

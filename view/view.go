@@ -260,10 +260,10 @@ func (v *View[T]) Subscribe(ctx context.Context, rev int64) *Subscription[T] {
 		v.subs = make(map[*Subscription[T]]struct{})
 	}
 	v.subs[sub] = struct{}{}
+	if sub.ending.Load() { // ended (its ctx) before it was counted: its forget may have come first
+		delete(v.subs, sub)
+	} // else its forget, if any, comes after this, under v.mu
 	v.mu.Unlock()
-	if sub.Err() != nil { // ended (its ctx) before it was counted: its forget came first
-		v.forget(sub)
-	}
 	return sub
 }
 
