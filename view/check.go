@@ -41,6 +41,10 @@ func (c *core[T]) checkOnce() {
 		c.log.Debug("etcdwatch: view check failed", "revision", s.rev, "err", err)
 		return
 	}
+	if c.snap.Load().listing != s.listing { // listed again meanwhile: what s lacked is repaired
+		c.log.Debug("etcdwatch: view check outdated by a listing", "revision", s.rev)
+		return
+	}
 	c.stats.checks.Add(1)
 	if len(diff) == 0 {
 		return
@@ -48,7 +52,7 @@ func (c *core[T]) checkOnce() {
 	c.stats.mismatches.Add(1)
 	c.log.Error("etcdwatch: view differs from the server; listing again", "revision", s.rev, "keys", diff)
 	select {
-	case c.repair <- struct{}{}:
+	case c.repair <- s.listing: // the runner lists again unless it has since s
 	default:
 	}
 }

@@ -48,7 +48,7 @@ type core[T any] struct {
 	// WaitForRevision.
 	watch    atomic.Pointer[etcdwatch.Watch] // the runner's current watch, for progress requests; stored by the runner
 	moves    chan freshness                  // reads whose state the view has: the runner moves the view to their revision
-	repair   chan struct{}                   // buffered 1: the integrity check asks the runner to list again
+	repair   chan uint64                     // buffered 1: the integrity check asks the runner to list again the state of this listing
 	asking   atomic.Bool                     // a bookmark request is in flight
 	answered atomic.Bool                     // a progress request for the view's watch has been answered
 	noAsk    atomic.Bool                     // the server's progress answers are unsafe: never ask
@@ -81,7 +81,7 @@ func newCore[T any](src Source, r etcdwatch.Request, decode Decoder[T], o option
 		cancel: cancel,
 		ready:  make(chan struct{}),
 		done:   make(chan struct{}),
-		repair: make(chan struct{}, 1),
+		repair: make(chan uint64, 1),
 		moves:  make(chan freshness, 16),
 		holds:  make(map[chan struct{}]struct{}),
 	}

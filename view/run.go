@@ -28,6 +28,7 @@ type runner[T any] struct {
 	raw     raws             // the values of ed as sent, for Save (WithSave; save.go)
 	cluster uint64           // the ID of the cluster ed came from, for Save
 	listed  bool             // the first listing is published and watched: core.ready is closed
+	listing uint64           // counts installs (listings, loads): the published Snapshots' listing
 }
 
 // start runs the state until it ends, then ends its tasks and tells every
@@ -212,7 +213,10 @@ func (r *runner[T]) follow() error {
 				r.hold(held, nil)
 				flush() // at once: a Sync waits for it, whatever the pacer says
 			}
-		case <-r.repair:
+		case listing := <-r.repair:
+			if listing != r.listing {
+				break // a check of a state listed before this one: already repaired
+			}
 			flush() // the listing compares with the published state
 			r.w.Cancel()
 			return nil
@@ -351,6 +355,7 @@ func (s *entrySlab[T]) keep(e Entry[T]) *Entry[T] {
 // publishFirst, or publish with the difference from the state before.
 func (r *runner[T]) install(ed *tableEditor[T], raw raws, rev, bytes int64, cluster uint64, w *etcdwatch.Watch) {
 	r.ed, r.raw, r.rev, r.bytes, r.cluster, r.w = ed, raw, rev, bytes, cluster, w
+	r.listing++
 	r.watch.Store(w)
 }
 
@@ -366,5 +371,5 @@ func (r *runner[T]) publish(bs ...Batch[T]) {
 	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev && len(bs) == 0 {
 		return // nothing moved
 	}
-	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze(), cluster: r.cluster}, bs)
+	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze(), cluster: r.cluster, listing: r.listing}, bs)
 }

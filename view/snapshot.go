@@ -17,6 +17,7 @@ type Snapshot[T any] struct {
 	// cluster is the ID of the cluster the state was listed from or
 	// restored against, for Save: of this state, not of a listing under way.
 	cluster uint64
+	listing uint64 // the runner's listing (or load) the state follows from, for the integrity check
 }
 
 // Revision is the revision whose state the snapshot holds.

@@ -380,6 +380,32 @@ func TestViewRepairsWhatAnIntegrityCheckFinds(t *testing.T) {
 	require.EqualValues(t, 1, st.Relists)
 }
 
+// TestViewRepairsOnce: while the view lists again after a mismatch, the
+// checks go on against the state still published and find it wrong again.
+// The repaired view must not take those for a mismatch of its own: it did,
+// and listed once more at once (a second listing, an empty Relisted batch
+// to every subscriber, and Relists counted twice).
+func TestViewRepairsOnce(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	kv.Put("v/lost", "x") // no event: the view is now wrong
+	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
+	require.Eventually(t, func() bool { return vh.v.Stats().IntegrityMismatches >= 2 }, wait, time.Millisecond,
+		"no check found the old state wrong again while the new watch waited")
+	vh.confirm()
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, []string{"created v/lost"}, summary(b))
+	vh.send(kv.PutEvent("v/after", "1")) // followed on the new watch, not listed again
+	b = nextBatch(t, sub)
+	require.Equal(t, view.Events, b.Kind)
+	require.Equal(t, []string{"created v/after"}, summary(b))
+	require.EqualValues(t, 1, vh.v.Stats().Relists)
+}
+
 // TestViewSyncWaitsForTheProgressAnswer: Sync asks for progress and returns
 // once the view has the answer's revision, after the events before it.
 func TestViewSyncWaitsForTheProgressAnswer(t *testing.T) {
