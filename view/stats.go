@@ -12,7 +12,7 @@ type Stats struct {
 	Resyncs             uint64 // whole states given to this View's subscribers that fell behind
 	DecodeErrors        uint64 // values the decode function refused
 	IntegrityChecks     uint64 // comparisons with the server completed (WithIntegrityCheck)
-	IntegrityMismatches uint64 // comparisons that found the view wrong, each repaired by a relist
+	IntegrityMismatches uint64 // comparisons that found the view wrong; one relist repairs what they found, those made while it lists included
 	Subscribers         int    // this View's open subscriptions
 	HistoryBytes        int64  // bytes of changes kept for subscribers
 	RestoreRefusals     uint64 // saved states refused or let go at the start (WithRestore, WithStateFile): the view listed instead; Restored says why
