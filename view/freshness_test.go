@@ -327,6 +327,37 @@ func TestResyncThenTheNextBatchChains(t *testing.T) {
 	require.Equal(t, []string{"created v/new"}, summary(b))
 }
 
+// TestNoEmptyStepAfterAResync: a Resync at the revision the view moved to
+// without a batch is followed by no batch from that revision to itself
+// when the delayed progress batch comes out (progressGap): the subscriber
+// has that state already. It got an empty step from X to X. (On a machine
+// slow enough that the second Sync comes after progressGap, the progress
+// batch is out before the Resync and the test shows nothing.)
+func TestNoEmptyStepAfterAResync(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	kv.Put("w/a", "1")
+	syncAnswered(t, vh) // a progress batch
+	early := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	kv.Put("w/b", "1")
+	syncAnswered(t, vh) // within progressGap: no batch yet
+	x := vh.v.Revision()
+	sub := vh.v.Subscribe(context.Background(), 0)
+	r := nextBatch(t, sub)
+	require.Equal(t, view.Resync, r.Kind)
+	require.Equal(t, x, r.Revision)
+	p := nextBatch(t, early) // the progress batch to x, out now
+	require.Equal(t, x, p.Revision)
+	require.Empty(t, p.Changes)
+	ev := kv.PutEvent("v/new", "1")
+	vh.srv.Send(t, ws.Events(vh.id, kv.Revision(), ev))
+	b := nextBatch(t, sub)
+	require.Equal(t, x, b.From)
+	require.Equal(t, []string{"created v/new"}, summary(b), "a step from %d to %d", b.From, b.Revision)
+}
+
 // TestSubscribeInsideARestoredRelist: a view restored from a state saved
 // at S, whose history since is compacted, reports the difference from S
 // in one Relisted batch. A subscriber from S gets it; one from a revision

@@ -133,6 +133,9 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 		b := h.items[s.next-h.first].b
 		s.next++
 		h.mu.Unlock()
+		if s.held(b) {
+			return s.poll()
+		}
 		return s.trimFirst(b), nil, nil
 	case h.over:
 		h.mu.Unlock()
@@ -156,6 +159,15 @@ func (s *Subscription[T]) resyncTo(snap *Snapshot[T], asked bool) (Batch[T], <-c
 		s.resyncs.Add(1)
 	}
 	return resyncOf(snap), nil, nil
+}
+
+// held reports whether the subscriber holds all of b already: a step that
+// ends at or before the state its first batch starts from, such as a
+// progress batch published late (progressGap) after the view moved there
+// and a Resync or Subscribe gave it that state. Such a step is skipped;
+// the first batch is still to come.
+func (s *Subscription[T]) held(b Batch[T]) bool {
+	return s.from > 0 && b.Kind == Events && b.Revision < s.from
 }
 
 // trimFirst trims the subscription's first batch to the revisions after
