@@ -65,11 +65,13 @@ func WithIntegrityCheck(interval time.Duration) Option {
 	return func(o *options) { o.integrity = interval }
 }
 
-// WithBookmarkInterval sets how long a view may go without hearing from the
-// server before it asks for progress (on its watch, Watch.RequestProgress),
-// so that its revision, and the revision its watch would resume from after
-// a reconnect, keep up with the store even when nobody writes its range: an
-// idle range is then not compacted out from under it. 0 leaves that to the server's own
+// WithBookmarkInterval sets how often a view that has not heard from the
+// server asks for progress (on its watch, Watch.RequestProgress): it looks
+// every d, and asks if nothing came since it last looked, so after between
+// d and 2d of silence. Its revision, and the revision its watch would
+// resume from after a reconnect, then keep up with the store even when
+// nobody writes its range: an idle range is not compacted out from under
+// it. 0 leaves that to the server's own
 // progress notifications (every 10 minutes by default). On etcd
 // 3.4.0-3.4.24 and 3.5.0-3.5.7 progress requests are unsafe and never sent
 // (see etcdwatch.ErrProgressUnsupported), so there this option does
