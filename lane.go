@@ -97,7 +97,12 @@ func (l *lane) await(ctx context.Context, p *progressWaiter) progressResult {
 	case <-ctx.Done():
 		return progressResult{err: l.state.get().Explain(context.Cause(ctx))} // this lane's: not another's failure
 	case <-l.done:
-		return progressResult{err: ErrClosed}
+		select {
+		case r := <-p.reply: // answered before the dispatcher exited
+			return r
+		default:
+		}
+		return progressResult{err: l.gone} // ErrClosed; or, for a lane retired, its failure, which RequestProgress skips
 	}
 }
 

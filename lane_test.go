@@ -258,3 +258,28 @@ func TestWaitExplainedByItsOwnLane(t *testing.T) {
 	require.ErrorIs(t, got.err, context.Canceled)
 	require.NotContains(t, got.err.Error(), "isolated member going away", "explained by the other stream's failure")
 }
+
+// TestProgressOverARetiredLaneIsNotClosed: a RequestProgress of the
+// Stream, asked while its isolated stream had failed for good, is not
+// failed with ErrClosed when the next isolated watch replaces that stream:
+// the Stream is open, and the main stream answers. The call waited on the
+// answer and on the retired lane's end together, and took either, so
+// each round below failed it with even odds.
+func TestProgressOverARetiredLaneIsNotClosed(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	main := h.watch(etcdwatch.Key("m"), 5)
+	v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	for round := range 20 {
+		iso.Send(t, ws.Events(v.ID(), 6, ws.Put("v/x", strings.Repeat("x", 2<<10), 6))) // above the limit: failed for good
+		require.ErrorIs(t, ended(t, v), etcdwatch.ErrStreamFailed)
+		got := h.progressAsync()
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+		v, iso = h.isolated(etcdwatch.Prefix("v/"), 7, nil) // replaces the failed stream
+		rev := 9 + int64(round)
+		h.srv.Send(t, ws.Progress(-1, rev))
+		r := recvProgress(t, got)
+		require.NoError(t, r.err, "round %d", round)
+		require.Equal(t, rev, r.rev)
+		require.True(t, next(t, main).IsProgress())
+	}
+}
