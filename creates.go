@@ -197,7 +197,7 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 	e := &w.entry
 	w.id.Store(id)
 	e.state = stateActive
-	e.set(authRetried, false)
+	e.set(authRetried|recreated, false)
 	if e.is(moving) {
 		e.set(moving, false)
 		d.s.stats.moved.Add(1)

@@ -370,7 +370,9 @@ func (d *dispatcher) compacted(w *Watch, id, compactRev int64) bool {
 		return false
 	}
 	e.set(replay, false)
+	e.set(recreated, true)
 	e.state = stateCreating
+	d.progress.awaitAll() // the calls waiting when it was compacted wait for its new create too
 	d.toCreate.Push(w)
 	d.flushCreates()
 	return true

@@ -265,11 +265,18 @@ func (p *progressState) suspend() {
 	p.covers = nil // never answered: the new stream's requests cover its creates
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
-	for _, w := range p.waiting {
-		w.needs = allCreates // its watches are created again, with new ids
-	}
+	p.awaitAll() // its watches are created again, with new ids
 	p.inFlight = false
 	p.Stop()
+}
+
+// awaitAll makes every call waiting wait for every watch, until the creates
+// queued now have been sent (allSent): some watch it waits for is created
+// again, with a new id.
+func (p *progressState) awaitAll() {
+	for _, w := range slices.Concat(p.waiting, p.next) {
+		w.needs = allCreates
+	}
 }
 
 // resendProgress asks the new stream for progress on behalf of waiting calls.
@@ -280,18 +287,18 @@ func (d *dispatcher) resendProgress() {
 }
 
 // unconfirmedMove returns the create id of the oldest watch created again
-// on this stream after the last one ended and not confirmed yet, which no
-// answer can bookmark: 1, below every id, while one still waits in
-// toCreate for its create (one create at a time). ok is false when there
-// is none.
+// on this stream (after the last one ended, or compacted just past its
+// revision) and not confirmed yet, which no answer can bookmark: 1, below
+// every id, while one still waits in toCreate for its create (one create
+// at a time). ok is false when there is none.
 func (d *dispatcher) unconfirmedMove() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
-		if w.entry.is(moving) {
+		if w.entry.is(recreated) {
 			return 1, true
 		}
 	}
 	for w := range d.pending.All() { // in create order: the first is the oldest
-		if w.entry.is(moving) {
+		if w.entry.is(recreated) {
 			return w.entry.reqID, true
 		}
 	}

@@ -121,7 +121,7 @@ func (d *dispatcher) requeueAll() {
 	}
 	for _, w := range d.watches {
 		w.entry.state = stateCreating
-		w.entry.set(moving, true) // counted as moved once the new stream confirms it
+		w.entry.set(moving|recreated, true) // counted as moved once the new stream confirms it
 		q.Push(w)
 	}
 	clear(d.watches)

@@ -605,6 +605,41 @@ func TestTrapCompactedJustPastItsRevision(t *testing.T) {
 	require.Nil(t, w.Err())
 }
 
+// TestTrapRecreateIsBookmarked: a RequestProgress call made while a watch
+// was active waits for that watch even when the compaction trap creates it
+// again under the call: the answer to the request sent before the new
+// create cannot cover it, so the call asks again, and the watch gets its
+// bookmark. Catches: the call returning the first answer's revision while
+// the watch got no bookmark, as RequestProgress promises each watch.
+func TestTrapRecreateIsBookmarked(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(2), c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	h.await(func() bool { return h.s.Stats().Moved == 1 }, "moved")
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Compacted(c.WatchId, 3)) // the trap: created again from 3
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+	again := h.srv.RecvCreate(t)
+	require.Equal(t, int64(3), again.StartRevision)
+	h.srv.Send(t, ws.Canceled(c.WatchId))
+	h.srv.Send(t, ws.Created(again.WatchId, 4))
+	h.srv.Send(t, ws.Progress(-1, 4)) // answers the request sent before the new create
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again, for the watch created since")
+	h.srv.Send(t, ws.Progress(-1, 5))
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(5), r.rev)
+	b := next(t, w)
+	require.True(t, b.IsProgress(), "the watch's bookmark")
+	require.Equal(t, int64(5), b.Revision)
+}
+
 // TestCompactedWatchIsCanceledOnTheServer: etcd keeps a watcher it
 // canceled for a compaction on its stream until the client cancels it,
 // and answers no stream-wide progress request while it is there. Catches
