@@ -38,8 +38,9 @@ func newWatch(l *lane, r Request, i int, h *Handler) *Watch {
 	return w
 }
 
-// ID returns the server's id for the watch. It changes when the watch is
-// re-created after a pause, and is -1 before the server confirmed it.
+// ID returns the server's id for the watch. It changes whenever the watch
+// is created again (after a pause, on a new stream after a reconnect), and
+// is -1 before the server confirmed it.
 func (w *Watch) ID() int64 { return w.id.Load() }
 
 // CreatedRevision returns the store's revision when the server first
