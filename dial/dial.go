@@ -181,22 +181,42 @@ func parseEndpoint(ep string) (endpoint, error) {
 }
 
 // redact returns ep with the password of any user info in it replaced by
-// "xxxxx", as url.URL.Redacted does, but by the text alone: an endpoint
-// that is not a valid URL (a '%' in the password, say) is named in errors
-// too. The user info runs from after the scheme to the last '@', since a
-// password may hold any character.
+// "xxxxx", as url.URL.Redacted does. An endpoint that is not a valid URL
+// (a '%' in the password, say), or has no scheme, is named in errors too:
+// then whatever runs to its last '@' may be user info, since a password
+// may hold any character, and is taken as such.
 func redact(ep string) string {
-	at := strings.LastIndex(ep, "@")
-	if at < 0 {
+	if !strings.Contains(ep, "@") {
 		return ep
 	}
 	start := 0
-	if i := strings.Index(ep, "://"); i >= 0 && i < at {
+	if i := strings.Index(ep, "://"); i > 0 && isScheme(ep[:i]) {
+		if u, err := url.Parse(ep); err == nil {
+			return u.Redacted() // as is when its '@' is past the host: not user info
+		}
 		start = i + len("://")
+	}
+	at := strings.LastIndex(ep, "@")
+	if at < start {
+		return ep
 	}
 	user, _, hasPassword := strings.Cut(ep[start:at], ":")
 	if !hasPassword {
 		return ep
 	}
 	return ep[:start] + user + ":xxxxx" + ep[at:]
+}
+
+// isScheme reports whether s has the form of a URL scheme (RFC 3986: a
+// letter, then letters, digits, '+', '-' or '.').
+func isScheme(s string) bool {
+	for i, c := range s {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
 }

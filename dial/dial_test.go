@@ -62,6 +62,9 @@ func TestEndpoints(t *testing.T) {
 		{endpoint: "http://alice:se@cret@127.0.0.1:2379", says: "WithPassword", named: "http://alice:xxxxx@127.0.0.1:2379"},
 		{endpoint: "alice:secret@127.0.0.1:2379", says: "WithPassword", named: "alice:xxxxx@127.0.0.1:2379"},
 		{endpoint: "alice@127.0.0.1:2379", says: "WithPassword"},
+		{endpoint: "alice:se://cret@127.0.0.1:2379", says: "scheme", named: "alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://alice:se/cret@127.0.0.1:2379", says: "not a URL", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://127.0.0.1:2379/?to=ops@example", says: "path"},
 		{endpoint: "http://127.0.0.1:2379/v3", says: "path"},
 		{endpoint: "http://127.0.0.1:2379?x=1", says: "path"},
 	} {
