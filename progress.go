@@ -18,10 +18,11 @@ type progressWaiter struct {
 	// needs is the last create id of the watches the call waits for: those
 	// whose creates were sent when it began, confirmed or not. A watch
 	// created since does not hold it up, or creates made one after another
-	// could hold it for ever. It is allCreates while some watch has no
-	// create id on the current stream: a stream's end, after which every
-	// watch is created again with a new id, sets it so until the new
-	// stream has sent them all (allSent).
+	// could hold it for ever. It is allCreates while some watch it waits
+	// for has no create id on the current stream: a stream's end, after
+	// which every watch is created again with a new id, or a watch
+	// created again from its next revision (compacted), sets it so until
+	// the creates queued then are sent (awaitAll, allSent).
 	needs int64
 }
 

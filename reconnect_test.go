@@ -609,35 +609,46 @@ func TestTrapCompactedJustPastItsRevision(t *testing.T) {
 // was active waits for that watch even when the compaction trap creates it
 // again under the call: the answer to the request sent before the new
 // create cannot cover it, so the call asks again, and the watch gets its
-// bookmark. Catches: the call returning the first answer's revision while
-// the watch got no bookmark, as RequestProgress promises each watch.
+// bookmark. etcd answers that request before it confirms the new create
+// (the order it takes them in); the other order is checked too. Catches:
+// the call returning the first answer's revision while the watch got no
+// bookmark, as RequestProgress promises each watch.
 func TestTrapRecreateIsBookmarked(t *testing.T) {
-	h := newHarness(t)
-	w := h.watch(etcdwatch.Key("a"), 1)
-	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
-	require.Equal(t, int64(2), next(t, w).Revision)
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	require.Equal(t, int64(2), c.StartRevision)
-	h.srv.Send(t, ws.Created(c.WatchId, 3))
-	h.await(func() bool { return h.s.Stats().Moved == 1 }, "moved")
-	got := h.progressAsync()
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-	h.srv.Send(t, ws.Compacted(c.WatchId, 3)) // the trap: created again from 3
-	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
-	again := h.srv.RecvCreate(t)
-	require.Equal(t, int64(3), again.StartRevision)
-	h.srv.Send(t, ws.Canceled(c.WatchId))
-	h.srv.Send(t, ws.Created(again.WatchId, 4))
-	h.srv.Send(t, ws.Progress(-1, 4)) // answers the request sent before the new create
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again, for the watch created since")
-	h.srv.Send(t, ws.Progress(-1, 5))
-	r := recvProgress(t, got)
-	require.NoError(t, r.err)
-	require.Equal(t, int64(5), r.rev)
-	b := next(t, w)
-	require.True(t, b.IsProgress(), "the watch's bookmark")
-	require.Equal(t, int64(5), b.Revision)
+	for _, answerFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("answer first %v", answerFirst), func(t *testing.T) {
+			h := newHarness(t)
+			w := h.watch(etcdwatch.Key("a"), 1)
+			h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+			require.Equal(t, int64(2), next(t, w).Revision)
+			h.cut()
+			c := h.srv.RecvCreate(t)
+			require.Equal(t, int64(2), c.StartRevision)
+			h.srv.Send(t, ws.Created(c.WatchId, 3))
+			h.await(func() bool { return h.s.Stats().Moved == 1 }, "moved")
+			got := h.progressAsync()
+			require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+			h.srv.Send(t, ws.Compacted(c.WatchId, 3)) // the trap: created again from 3
+			require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+			again := h.srv.RecvCreate(t)
+			require.Equal(t, int64(3), again.StartRevision)
+			h.srv.Send(t, ws.Canceled(c.WatchId))
+			if answerFirst {
+				h.srv.Send(t, ws.Progress(-1, 4)) // the request sent before the new create
+				h.srv.Send(t, ws.Created(again.WatchId, 4))
+			} else {
+				h.srv.Send(t, ws.Created(again.WatchId, 4))
+				h.srv.Send(t, ws.Progress(-1, 4))
+			}
+			require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again, for the watch created since")
+			h.srv.Send(t, ws.Progress(-1, 5))
+			r := recvProgress(t, got)
+			require.NoError(t, r.err)
+			require.Equal(t, int64(5), r.rev)
+			b := next(t, w)
+			require.True(t, b.IsProgress(), "the watch's bookmark")
+			require.Equal(t, int64(5), b.Revision)
+		})
+	}
 }
 
 // TestCompactedWatchIsCanceledOnTheServer: etcd keeps a watcher it

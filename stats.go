@@ -10,7 +10,7 @@ import (
 type Stats struct {
 	Watches           int64  // watches running now (creating, active or paused), from the call that opens them on; a canceled one stops counting once the dispatcher has the cancel, not when the server answers
 	Paused            int64  // watches paused now because their consumer fell behind
-	Created           uint64 // created responses accepted: first creates, resumes and watches moved to a new stream
+	Created           uint64 // created responses accepted for watches: first creates and every create again (a resume, a move to a new stream, a revision compacted just past, a refused token)
 	Stalls            uint64 // times the stream waited for a consumer at its buffer limit
 	Pauses            uint64 // times a watch was paused
 	Resumes           uint64 // times a paused watch was re-created

@@ -268,7 +268,9 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []
 // events. R is at least the highest revision the stream had seen when the
 // call began. A paused watch (one whose consumer fell behind) is not
 // covered: it catches up after it resumes. A watch created again on a new
-// stream meanwhile is, once the new stream confirms it. A watch created
+// stream meanwhile is, once the new stream confirms it, and so is one
+// created again from its next revision because its own was compacted just
+// past it. A watch created
 // during the call is not waited for, so that watches opened one after
 // another cannot hold the call up; it gets the bookmark if the server
 // answered after it existed (an answer computed before never bookmarks

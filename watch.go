@@ -39,8 +39,9 @@ func newWatch(l *lane, r Request, i int, h *Handler) *Watch {
 }
 
 // ID returns the server's id for the watch. It changes whenever the watch
-// is created again (after a pause, on a new stream after a reconnect), and
-// is -1 before the server confirmed it.
+// is created again (after a pause, on a new stream after a reconnect, or
+// from the next revision when its own was compacted just past it), and is
+// -1 before the server confirmed it.
 func (w *Watch) ID() int64 { return w.id.Load() }
 
 // CreatedRevision returns the store's revision when the server first
