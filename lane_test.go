@@ -144,6 +144,22 @@ func TestOpeningIsolatedLaneKeepsTheStreamConnected(t *testing.T) {
 	h.await(func() bool { return !h.s.State().Connected })
 }
 
+// TestStreamOfIsolatedWatchesAloneIsConnected: a Stream whose only
+// watches are isolated (views) asks nothing of its main stream, whose
+// server so never answers; the Stream reads connected once the isolated
+// stream's server has, and disconnected when that stream ends. It read
+// disconnected until the main stream's first liveness probe, 30 s by
+// default, so README's alert on etcdwatch_connected fired for every
+// program of views alone.
+func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
+	h := newHarness(t)
+	require.False(t, h.s.State().Connected, "nothing answered yet")
+	_, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	require.True(t, h.s.State().Connected)
+	iso.Close(status.Error(codes.Unavailable, "member going away"))
+	h.await(func() bool { return !h.s.State().Connected }, "the isolated stream's end noticed")
+}
+
 // TestProgressLeavesOutALaneThatFailed: the main gRPC stream fails for good
 // (a response above the receive limit), ending its watches; the isolated
 // one goes on. Stream.RequestProgress answers for the isolated watches, as

@@ -188,6 +188,8 @@ func (o *options) validate() error {
 	}
 	for _, c := range o.callOptions {
 		switch c.(type) {
+		case nil:
+			return fmt.Errorf("%w: WithCallOptions with a nil option", ErrInvalidArgument)
 		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption:
 			return fmt.Errorf("%w: WithCallOptions(%T): the Stream chooses the codec of its RPC", ErrInvalidArgument, c)
 		}

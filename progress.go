@@ -121,12 +121,12 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
+	case d.progressUnsafe != nil: // set once the release is known
+		p.reply <- progressResult{err: d.progressUnsafe}
+	case !d.hasWatches(): // known release or not: there is nothing to ask
+		p.reply <- progressResult{err: ErrNoWatches}
 	case !d.releaseKnown: // its answer could run ahead of events on some releases
 		d.progress.held = append(d.progress.held, p)
-	case d.progressUnsafe != nil:
-		p.reply <- progressResult{err: d.progressUnsafe}
-	case !d.hasWatches():
-		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progress.inFlight:
 		d.progress.next = append(d.progress.next, p)
 	default:

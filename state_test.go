@@ -234,3 +234,16 @@ func TestWatchesOfACallThatGaveUpEndWithItsCause(t *testing.T) {
 	}
 	require.Positive(t, opened, "no call got as far as opening its watches")
 }
+
+// TestNoWatchesIsToldWhileDown: RequestProgress on a Stream without
+// watches returns ErrNoWatches at once, as README says, even while the
+// stream cannot open. It was held until the server's release was known,
+// and so, through an outage, until its ctx ended.
+func TestNoWatchesIsToldWhileDown(t *testing.T) {
+	var logs logRecorder
+	s := openOn(t, deadAddr(t), insecure.NewCredentials(), &logs)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := s.RequestProgress(ctx)
+	require.ErrorIs(t, err, etcdwatch.ErrNoWatches)
+}

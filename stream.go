@@ -169,6 +169,9 @@ func (s *Stream) openAll(ctx context.Context, rs []Request, h *Handler) ([]*Watc
 // when the failure concerns none in particular: ctx, Close, a stream that
 // failed for good.
 func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, int, error) {
+	if ctx == nil {
+		panic(fmt.Sprintf("%v: a watch with a nil Context", ErrInvalidArgument)) // before it counts
+	}
 	for i, r := range rs {
 		if err := r.Validate(); err != nil {
 			return nil, i, err
@@ -332,16 +335,24 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // watches it is connected while both lanes are, once the isolated lane's
 // server has first answered: until then, as it opens for the first
 // isolated watch (a view's), only a failure of its own counts, so that
-// opening a view does not read as a disconnection. An isolated lane that
-// failed for good counts by its error only.
+// opening a view does not read as a disconnection. Likewise the main
+// stream, until its server first answers: on a Stream of views alone,
+// with nothing to ask of it, it counts by its failures only, and the
+// isolated stream says whether the server answers. An isolated lane that
+// failed for good counts by its error only. A Stream with no watches at
+// all reads disconnected until its server first answers: its first
+// watch, or the liveness probe (WithLiveness) of an idle stream.
 func (s *Stream) State() State {
-	st := s.main.state.get()
+	st, mainOpening := s.main.state.opening()
 	if iso := s.isolatedLane(false); iso != nil {
 		ist, opening := iso.state.opening()
 		switch {
 		case ist.Failed != nil: // its watches ended; the next isolated watch opens a new one
 			st = laterError(st, ist)
-		case !opening:
+		case opening:
+		case mainOpening: // nothing asked of it yet (a Stream of views): the isolated lane speaks
+			st = ist
+		default:
 			st = combine(st, ist)
 		}
 	}

@@ -690,6 +690,19 @@ func TestPrefixEnd(t *testing.T) {
 	}
 }
 
+// TestWatchWithANilContextPanicsUncounted: a nil ctx is a programmer's
+// error and panics, as in the standard library, but before the watch is
+// counted: it stayed in Stats.Watches for good when the panic was
+// recovered.
+func TestWatchWithANilContextPanicsUncounted(t *testing.T) {
+	h := newHarness(t)
+	require.PanicsWithValue(t, "etcdwatch: invalid argument: a watch with a nil Context", func() {
+		var nilCtx context.Context // the nil is the test
+		h.s.Watch(nilCtx, etcdwatch.Key("a"))
+	})
+	require.Zero(t, h.s.Stats().Watches)
+}
+
 func TestWatchRefusesInvalidRequest(t *testing.T) {
 	h := newHarness(t)
 	_, err := h.s.Watch(context.Background(), etcdwatch.Range("b", "a"))
@@ -720,6 +733,7 @@ func TestOpenValidation(t *testing.T) {
 		{"stall budget", conn, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
 		{"codec", conn, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
 		{"nil logger", conn, etcdwatch.WithLogger(nil), "WithLogger"},
+		{"nil call option", conn, etcdwatch.WithCallOptions(grpc.WaitForReady(true), nil), "WithCallOptions"}, // a nil one panicked in gRPC on the Stream's goroutine
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var opts []etcdwatch.Option

@@ -51,7 +51,7 @@ func (s *settings) validate(schemes endpointSchemes) error {
 // suggests its insecure package: point at this package's options instead.
 func (s *settings) clientError(err error) error {
 	if s.tls == "" && !s.insecure {
-		return fmt.Errorf("%w: %w; choose transport security with WithTLS, WithTLSFiles or WithInsecure", etcdwatch.ErrInvalidArgument, err)
+		return fmt.Errorf("%w: no transport security chosen: give New WithTLS, WithTLSFiles or WithInsecure (gRPC said: %w)", etcdwatch.ErrInvalidArgument, err)
 	}
 	return fmt.Errorf("%w: %w", etcdwatch.ErrInvalidArgument, err)
 }

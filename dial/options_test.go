@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -31,6 +32,10 @@ func TestNoTransportSecurityNamesTheOptions(t *testing.T) {
 	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
 	require.ErrorContains(t, err, "no transport security")
 	require.ErrorContains(t, err, "WithTLS, WithTLSFiles or WithInsecure")
+	msg := err.Error()
+	if i := strings.Index(msg, "grpc.WithTransportCredentials"); i >= 0 { // gRPC's advice, for a grpc.DialOption New does not take
+		require.Less(t, strings.Index(msg, "WithTLS, WithTLSFiles or WithInsecure"), i, "this package's options named first: %s", msg)
+	}
 
 	// Credentials given as gRPC's own options are enough.
 	conn, err := dial.New([]string{"localhost:2379"},
