@@ -45,6 +45,10 @@ func (d *dispatcher) flushCreates() {
 		e.reqID = d.newID()
 		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: e.reqID, start: e.start(d.s.stats.revision.Load()), watch: &w.req})
 		d.pending.Push(w)
+		if !d.asked {
+			d.asked = true
+			d.l.state.ask()
+		}
 	}
 	if d.toCreate.Len() == 0 {
 		d.progress.allSent(d.nextID)

@@ -22,6 +22,7 @@ type dispatcher struct {
 	sess      *session        // the gRPC stream now; nil while waiting to reconnect
 	sessStart time.Time       // when sess was opened
 	sessHeard bool            // the server has said something on sess
+	asked     bool            // a create has been sent on some stream, and the lane's state told (stateBox.ask)
 	heardAt   time.Time       // when the last burst of responses arrived, on any stream
 	discard   bool            // sess's answers cannot be matched: nothing more is read from it
 	downSince time.Time       // when the last stream that worked ended; zero while one works

@@ -156,6 +156,12 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 	require.False(t, h.s.State().Connected, "nothing answered yet")
 	_, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
 	require.True(t, h.s.State().Connected)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := h.watchAsync(ctx, etcdwatch.Key("a"))
+	h.srv.RecvCreate(t) // asked of the main stream now, not answered
+	require.False(t, h.s.State().Connected, "a watch waits on a main stream whose server has never answered")
+	cancel()
+	require.ErrorIs(t, recvResult(t, res).err, context.Canceled)
 	iso.Close(status.Error(codes.Unavailable, "member going away"))
 	h.await(func() bool { return !h.s.State().Connected }, "the isolated stream's end noticed")
 }

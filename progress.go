@@ -121,10 +121,10 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	switch {
 	case d.failed != nil:
 		p.reply <- progressResult{err: d.failed}
+	case !d.hasWatches(): // on any release, known or not yet: etcd answers nothing then
+		p.reply <- progressResult{err: ErrNoWatches}
 	case d.progressUnsafe != nil: // set once the release is known
 		p.reply <- progressResult{err: d.progressUnsafe}
-	case !d.hasWatches(): // known release or not: there is nothing to ask
-		p.reply <- progressResult{err: ErrNoWatches}
 	case !d.releaseKnown: // its answer could run ahead of events on some releases
 		d.progress.held = append(d.progress.held, p)
 	case d.progress.inFlight:

@@ -45,6 +45,7 @@ type stateBox struct {
 	st       State
 	reported bool // a failure has been recorded since the server last answered
 	heard    bool // a server has answered at least once
+	asked    bool // a create has been sent: the server owes an answer
 }
 
 func (b *stateBox) get() State {
@@ -59,6 +60,21 @@ func (b *stateBox) opening() (State, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.st, !b.heard && b.st.LastError == nil
+}
+
+// unasked returns the State, and whether nothing has been asked of the
+// lane's server yet, nor has failed: a lane without watches so far.
+func (b *stateBox) unasked() (State, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.st, !b.heard && !b.asked && b.st.LastError == nil
+}
+
+// ask records that a create was sent, which the server must answer.
+func (b *stateBox) ask() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.asked = true
 }
 
 // answered records a stream on which the server has answered.

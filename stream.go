@@ -291,8 +291,10 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []
 // for.
 //
 // On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7 (etcd #15220), whose answers can
-// run ahead of events, it returns ErrProgressUnsupported: the Stream asks
-// the server its release (Maintenance Status) when it opens.
+// run ahead of events, it returns ErrProgressUnsupported (ErrNoWatches,
+// as on every release, while there is no watch): the Stream asks the
+// server its release (Maintenance Status) when it opens, and a call
+// waits for that answer.
 func (s *Stream) RequestProgress(ctx context.Context) (int64, error) {
 	if err := context.Cause(ctx); err != nil {
 		return 0, err // ended already: ask the server nothing
@@ -336,21 +338,21 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // server has first answered: until then, as it opens for the first
 // isolated watch (a view's), only a failure of its own counts, so that
 // opening a view does not read as a disconnection. Likewise the main
-// stream, until its server first answers: on a Stream of views alone,
-// with nothing to ask of it, it counts by its failures only, and the
-// isolated stream says whether the server answers. An isolated lane that
+// stream while nothing has been asked of it (a Stream of views alone): it
+// counts by its failures only, and the isolated stream says whether the
+// server answers; from its first create on, it counts as any lane. An isolated lane that
 // failed for good counts by its error only. A Stream with no watches at
 // all reads disconnected until its server first answers: its first
 // watch, or the liveness probe (WithLiveness) of an idle stream.
 func (s *Stream) State() State {
-	st, mainOpening := s.main.state.opening()
+	st, mainUnasked := s.main.state.unasked()
 	if iso := s.isolatedLane(false); iso != nil {
 		ist, opening := iso.state.opening()
 		switch {
 		case ist.Failed != nil: // its watches ended; the next isolated watch opens a new one
 			st = laterError(st, ist)
 		case opening:
-		case mainOpening: // nothing asked of it yet (a Stream of views): the isolated lane speaks
+		case mainUnasked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
 			st = ist
 		default:
 			st = combine(st, ist)

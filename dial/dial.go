@@ -181,18 +181,20 @@ func parseEndpoint(ep string) (endpoint, error) {
 }
 
 // redact returns ep with the password of any user info in it replaced by
-// "xxxxx", as url.URL.Redacted does. An endpoint that is not a valid URL
-// (a '%' in the password, say), or has no scheme, is named in errors too:
-// then whatever runs to its last '@' may be user info, since a password
-// may hold any character, and is taken as such.
+// "xxxxx", as url.URL.Redacted does. An endpoint in which url.Parse finds
+// no user info, or that is not a valid URL (a '%' in the password, say),
+// or has no scheme, is named in errors too: then whatever runs to its
+// last '@' may be user info, since a password may hold any character
+// ("alice:2024/secret@host" parses as a host and a path), and is taken as
+// such. Better to hide an '@' in a query (refused anyway) than a password.
 func redact(ep string) string {
 	if !strings.Contains(ep, "@") {
 		return ep
 	}
 	start := 0
 	if i := strings.Index(ep, "://"); i > 0 && isScheme(ep[:i]) {
-		if u, err := url.Parse(ep); err == nil {
-			return u.Redacted() // as is when its '@' is past the host: not user info
+		if u, err := url.Parse(ep); err == nil && u.User != nil {
+			return u.Redacted()
 		}
 		start = i + len("://")
 	}

@@ -64,7 +64,9 @@ func TestEndpoints(t *testing.T) {
 		{endpoint: "alice@127.0.0.1:2379", says: "WithPassword"},
 		{endpoint: "alice:se://cret@127.0.0.1:2379", says: "scheme", named: "alice:xxxxx@127.0.0.1:2379"},
 		{endpoint: "http://alice:se/cret@127.0.0.1:2379", says: "not a URL", named: "http://alice:xxxxx@127.0.0.1:2379"},
-		{endpoint: "http://127.0.0.1:2379/?to=ops@example", says: "path"},
+		{endpoint: "http://alice:2024/secret@127.0.0.1:2379", says: "path", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://alice:#secret@127.0.0.1:2379", says: "path", named: "http://alice:xxxxx@127.0.0.1:2379"},
+		{endpoint: "http://127.0.0.1:2379/?to=ops@example", says: "path", named: "http://127.0.0.1:xxxxx@example"}, // hidden as if a password
 		{endpoint: "http://127.0.0.1:2379/v3", says: "path"},
 		{endpoint: "http://127.0.0.1:2379?x=1", says: "path"},
 	} {
