@@ -651,6 +651,43 @@ func TestTrapRecreateIsBookmarked(t *testing.T) {
 	}
 }
 
+// TestTrapRecreateConfirmedIsAWatchLikeAnyOther: once the compaction
+// trap's re-create is confirmed, the watch is waited for by RequestProgress
+// as any watch is: paused later for its consumer, its resume is not
+// waited for ("a paused watch is not covered"). Catches a re-create whose
+// mark stayed after its confirmation: the call would wait for the resume,
+// and ask again, as for a watch moved under it.
+func TestTrapRecreateConfirmedIsAWatchLikeAnyOther(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithBufferLimit(2), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	h.srv.Send(t, ws.Compacted(c.WatchId, 3)) // the trap: created again from 3
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+	again := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Canceled(c.WatchId))
+	h.srv.Send(t, ws.Created(again.WatchId, 3))
+	for rev := int64(3); rev <= 5; rev++ { // unread: paused at the limit
+		h.srv.Send(t, ws.Events(again.WatchId, rev, ws.Put("a", "v", rev)))
+	}
+	require.Equal(t, again.WatchId, h.srv.RecvCancel(t), "paused")
+	h.srv.Send(t, ws.Canceled(again.WatchId))
+	for read := int64(0); read < 4; { // 3 and 4, perhaps joined in one response
+		read = next(t, w).Revision
+	}
+	resume := h.srv.RecvCreate(t) // not confirmed yet
+	require.Equal(t, int64(5), resume.StartRevision)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 5))
+	r := recvProgress(t, got)
+	require.NoError(t, r.err)
+	require.Equal(t, int64(5), r.rev)
+}
+
 // TestCompactedWatchIsCanceledOnTheServer: etcd keeps a watcher it
 // canceled for a compaction on its stream until the client cancels it,
 // and answers no stream-wide progress request while it is there. Catches
