@@ -26,6 +26,7 @@ type delivery struct {
 	pumping bool  // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
 	behind  bool  // the backlog reached the limit: the pump reports when it is down to half
 	ended   bool  // no more pushes are taken
+	calling bool  // a Handler's call for the watch runs: from handled's stepHandle to the next handled or yield
 	dropped bool  // the backlog was thrown away: no more pushes are taken
 	more    *more // nil until first needed; never nil once ended
 }
@@ -229,10 +230,13 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 	o.ended = true
 	o.extra().err = err
 	switch {
-	case o.pumping: // the pump or the Handler ends it once the backlog is through
-	case o.to != nil: // no call runs nor is due: over now; a Handler's goroutine tells Ended
-		o.pumping = true
+	case o.pumping && o.to != nil && !o.calling && o.more.queue.Len() == 0:
+		// Queued on its Handler (or between turns) with nothing left to
+		// hand over: over now; the goroutine that serves it tells Ended.
 		o.closeOut()
+	case o.pumping: // the pump or the Handler ends it once the backlog is through
+	case o.to != nil: // no call runs nor is due: the caller schedules it, to tell Ended, then closes (Watch.told)
+		o.pumping = true
 		return true, true
 	default:
 		o.closeOut()
@@ -241,9 +245,9 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 }
 
 // closeOut closes the consumer's channels. Called with mu held, exactly once:
-// by finish or abort when no pump runs nor Handler call (then before the
-// Handler is told), otherwise by the pump, or the Handler's goroutine, as it
-// finishes. over goes first, so that a consumer who sees the channel closed
+// by finish or abort when no pump runs nor Handler call is running or due
+// (for a Handler's watch, by Watch.told, once Ended is due), otherwise by
+// the pump, or the Handler's goroutine, as it finishes. over goes first, so that a consumer who sees the channel closed
 // finds Err set.
 func (o *delivery) closeOut() {
 	o.over.Store(true)
@@ -316,10 +320,12 @@ const (
 func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step, caughtUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.calling = false
 	caughtUp = o.account(took, limit)
 	if m := o.more; m != nil {
 		b := &m.backlog
 		if r, ok := b.queue.Pop(); ok {
+			o.calling = true
 			return r, stepHandle, caughtUp
 		}
 		if b.queue.Cap() > keptQueue {
@@ -342,6 +348,7 @@ func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step,
 func (o *delivery) yield(took load, limit bufferLimit) (caughtUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.calling = false
 	return o.account(took, limit)
 }
 

@@ -123,10 +123,16 @@ func (w *Watch) finish(err error) bool { return w.told(w.out.finish(err)) }
 func (w *Watch) abort(err error) bool { return w.told(w.out.abort(err)) }
 
 // told hands a Handler's watch the news of its end (tell), and returns
-// ended.
+// ended. Ended is due (scheduled) before Err and Done say the watch
+// ended, under the delivery's lock, so that a Handler.Wait after them
+// waits for it.
 func (w *Watch) told(ended, tell bool) bool {
 	if tell {
-		w.out.to.schedule(w)
+		o := &w.out
+		o.mu.Lock()
+		o.to.schedule(w)
+		o.closeOut()
+		o.mu.Unlock()
 	}
 	return ended
 }
