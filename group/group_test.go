@@ -809,3 +809,35 @@ func TestPlacedWatchCountsUntilItsStreamHasIt(t *testing.T) {
 	require.NoError(t, <-res)
 	require.NotEqual(t, f.streamOf("a"), f.streamOf("b"), "a and b on one Stream, the other empty")
 }
+
+// TestGroupStateLeavesOutIdleAndFailedStreams: the group's State counts a
+// Stream of its own by its errors only while nothing has been asked of it
+// (fewer watches than Streams, or views alone, whose watches are pinned),
+// and once it failed for good (placement leaves it out, and the group can
+// still watch). The group read disconnected then for as long as it lasted:
+// with liveness probes off, for ever.
+func TestGroupStateLeavesOutIdleAndFailedStreams(t *testing.T) {
+	t.Run("idle", func(t *testing.T) {
+		f := serve(t)
+		g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithLiveness(0, 0)))
+		require.False(t, g.State().Connected, "nothing answered yet")
+		_, err := g.WatchPinned(ctx(t), etcdwatch.Key("p"))
+		require.NoError(t, err)
+		require.True(t, g.State().Connected, "a pinned watch answered; the group's own Streams asked nothing")
+		_, err = g.Watch(ctx(t), etcdwatch.Key("a"))
+		require.NoError(t, err)
+		require.True(t, g.State().Connected, "one Stream answered, the other asked nothing")
+	})
+	t.Run("failed", func(t *testing.T) {
+		f := serve(t)
+		g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
+		watches, m := f.mapping(t, g, "a", 2)
+		f.failForGood(t, m[0], watches[0])
+		_, err := g.Watch(ctx(t), etcdwatch.Key("b"))
+		require.NoError(t, err)
+		st := g.State()
+		require.NoError(t, st.Failed, "the group can still watch")
+		require.True(t, st.Connected, "the Stream that failed for good counts by its error only")
+		require.Equal(t, codes.ResourceExhausted, status.Code(st.LastError), "its error still shows")
+	})
+}

@@ -84,10 +84,12 @@ func (p *placement) next(pinned bool) int {
 }
 
 // memberLoad is the watches of every Stream on the member of Stream i:
-// those whose member is known to be i's, and the pinned Streams opened on
-// i's connection whose member, or i's, is unknown (a pinned Stream not yet
+// those whose member is known to be i's, the pinned Streams opened on i's
+// connection whose member, or i's, is unknown (a pinned Stream not yet
 // answered; an own Stream with no watch, which has not heard from its
-// server).
+// server), and the pinned Streams not yet answered that were opened on
+// the connection of another Stream on i's member, so that every Stream on
+// a member sees the same load for it.
 func (p *placement) memberLoad(i int) int {
 	m := p.cands[i].member
 	n := 0
@@ -96,6 +98,8 @@ func (p *placement) memberLoad(i int) int {
 		case k == i, m != "" && c.member == m:
 			n += c.watches
 		case c.pinned && c.on == i && (m == "" || c.member == ""):
+			n += c.watches
+		case c.pinned && c.member == "" && m != "" && p.cands[c.on].member == m:
 			n += c.watches
 		}
 	}

@@ -85,6 +85,10 @@ func TestPlacement(t *testing.T) {
 		{name: "an idle Stream, its member unknown, carries the pinned ones opened on its connection",
 			cands: []candidate{ok(0, ""), ok(0, "b"), pinOn(0, "a"), pinOn(0, "a")}, n: 2,
 			want: []int{1, 1}, after: []int{0, 2, 1, 1}},
+		{name: "a pinned Stream not yet answered weighs on its member for every Stream there",
+			cands: []candidate{ok(0, "a"), ok(0, "a"), ok(0, "b"), pinOn(1, "")}, n: 1,
+			// member a carries 1, seen from s0 as from s1: b's s2 (s0 saw a empty)
+			want: []int{2}, after: []int{0, 0, 1, 1}},
 		{name: "a pinned watch is placed by health too",
 			cands: []candidate{down(0, "a"), ok(5, "b")}, pin: []bool{true},
 			want: []int{1}, after: []int{0, 5, 1}},

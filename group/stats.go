@@ -114,25 +114,60 @@ func (g *Group) Stats() etcdwatch.Stats {
 // State returns the group's Streams' State together, pinned ones
 // included once their servers have answered (see opening) and until their
 // watches end (a pinned Stream closing is no failure): connected while
-// every one is, since that last changed (see combine), and the latest
-// error of any. Failed is set once every Stream of the group's own has
-// failed for good: one that failed alone gets no new watch (placement
-// leaves it out) while another can take it. Streams gives each Stream's.
+// every one that counts is, since that last changed (see combine), and
+// the latest error of any. Of the group's own Streams, one with no watch
+// whose server has not answered yet (asked nothing: fewer watches than
+// Streams, or views alone, whose watches are pinned) counts by its errors
+// only, and so does one that failed for good, which placement leaves
+// out; while none counts otherwise, they all do, so that a group just
+// opened reads disconnected until a server answers. Failed is set once
+// every Stream of the group's own has failed for good: one that failed
+// alone gets no new watch while another can take it. Streams gives each
+// Stream's.
 func (g *Group) State() etcdwatch.State {
-	st := g.own[0].stream.State()
-	failed := st.Failed
-	for _, sl := range g.own[1:] {
-		s := sl.stream.State()
-		if s.Failed == nil {
+	own := make([]etcdwatch.State, len(g.own))
+	failed := error(nil)
+	for i, sl := range g.own {
+		own[i] = sl.stream.State()
+		if i == 0 {
+			failed = own[i].Failed
+		} else if own[i].Failed == nil {
 			failed = nil
 		}
-		st = combine(st, s)
+	}
+	var st etcdwatch.State
+	counted := false
+	join := func(s etcdwatch.State) {
+		if counted {
+			st = combine(st, s)
+		} else {
+			st, counted = s, true
+		}
+	}
+	var byError []etcdwatch.State
+	for i, s := range own {
+		if s.Failed != nil || (opening(s) && g.own[i].stream.Stats().Watches == 0) {
+			byError = append(byError, s)
+		} else {
+			join(s)
+		}
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	for sl := range g.pinned {
 		if ps := sl.stream.State(); !sl.retiring && !opening(ps) {
-			st = combine(st, ps)
+			join(ps)
+		}
+	}
+	g.mu.Unlock()
+	if !counted { // every own Stream idle or failed, no pinned one answered
+		for _, s := range byError {
+			join(s)
+		}
+	} else {
+		for _, s := range byError {
+			if s.LastErrorAt.After(st.LastErrorAt) {
+				st.LastError, st.LastErrorAt = s.LastError, s.LastErrorAt
+			}
 		}
 	}
 	st.Failed = failed
