@@ -26,7 +26,6 @@ type delivery struct {
 	pumping bool  // a pump goroutine is running and owns sends on ch, or the watch is queued on its Handler or being served there
 	behind  bool  // the backlog reached the limit: the pump reports when it is down to half
 	ended   bool  // no more pushes are taken
-	calling bool  // a Handler's call for the watch runs: from handled's stepHandle to the next handled or yield
 	dropped bool  // the backlog was thrown away: no more pushes are taken
 	more    *more // nil until first needed; never nil once ended
 }
@@ -36,8 +35,9 @@ type delivery struct {
 // without it once over is set.
 type more struct {
 	backlog
-	err  error         // why the watch ended; written before over is set
-	done chan struct{} // Done(); made on first call, closed by closeOut
+	err     error         // why the watch ended; written before over is set
+	done    chan struct{} // Done(); made on first call, closed by closeOut
+	calling bool          // a Handler's call for the watch runs: from handled's stepHandle to the next handled or yield (here, not in delivery, where it would cost every watch 16 bytes)
 }
 
 // backlog holds responses for a consumer that is behind, for the pump to
@@ -230,7 +230,7 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 	o.ended = true
 	o.extra().err = err
 	switch {
-	case o.pumping && o.to != nil && !o.calling && o.more.queue.Len() == 0:
+	case o.pumping && o.to != nil && !o.more.calling && o.more.queue.Len() == 0:
 		// Queued on its Handler (or between turns) with nothing left to
 		// hand over: over now; the goroutine that serves it tells Ended.
 		o.closeOut()
@@ -320,12 +320,12 @@ const (
 func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step, caughtUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.calling = false
 	caughtUp = o.account(took, limit)
 	if m := o.more; m != nil {
+		m.calling = false
 		b := &m.backlog
 		if r, ok := b.queue.Pop(); ok {
-			o.calling = true
+			m.calling = true
 			return r, stepHandle, caughtUp
 		}
 		if b.queue.Cap() > keptQueue {
@@ -348,7 +348,9 @@ func (o *delivery) handled(took load, limit bufferLimit) (r Response, next step,
 func (o *delivery) yield(took load, limit bufferLimit) (caughtUp bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.calling = false
+	if o.more != nil {
+		o.more.calling = false
+	}
 	return o.account(took, limit)
 }
 
