@@ -62,10 +62,7 @@ func (g *Group) pinnedState() etcdwatch.State {
 			st = combine(st, s)
 		}
 	}
-	if g.rest.LastErrorAt.After(st.LastErrorAt) {
-		st.LastError, st.LastErrorAt = g.rest.LastError, g.rest.LastErrorAt
-	}
-	return st
+	return laterError(st, g.rest)
 }
 
 // restAfter is rest once a pinned Stream has closed, the pinned State
@@ -78,10 +75,7 @@ func restAfter(rest, before etcdwatch.State, now time.Time) etcdwatch.State {
 	if before.Connected {
 		next.Since = before.Since
 	}
-	if before.LastErrorAt.After(next.LastErrorAt) {
-		next.LastError, next.LastErrorAt = before.LastError, before.LastErrorAt
-	}
-	return next
+	return laterError(next, before)
 }
 
 // opening: a Stream opened for a pinned watch whose server has not
@@ -125,18 +119,13 @@ func (g *Group) Stats() etcdwatch.Stats {
 // alone gets no new watch while another can take it. Streams gives each
 // Stream's.
 func (g *Group) State() etcdwatch.State {
-	own := make([]etcdwatch.State, len(g.own))
-	failed := error(nil)
-	for i, sl := range g.own {
-		own[i] = sl.stream.State()
-		if i == 0 {
-			failed = own[i].Failed
-		} else if own[i].Failed == nil {
-			failed = nil
-		}
-	}
-	var st etcdwatch.State
-	counted := false
+	var (
+		st        etcdwatch.State
+		counted   bool
+		byError   []etcdwatch.State
+		failed    error // the first own Stream's, kept if every one failed
+		allFailed = true
+	)
 	join := func(s etcdwatch.State) {
 		if counted {
 			st = combine(st, s)
@@ -144,9 +133,15 @@ func (g *Group) State() etcdwatch.State {
 			st, counted = s, true
 		}
 	}
-	var byError []etcdwatch.State
-	for i, s := range own {
-		if s.Failed != nil || (opening(s) && g.own[i].stream.Stats().Watches == 0) {
+	for i, sl := range g.own {
+		s := sl.stream.State()
+		switch {
+		case s.Failed == nil:
+			allFailed = false
+		case i == 0:
+			failed = s.Failed
+		}
+		if s.Failed != nil || (opening(s) && sl.stream.Stats().Watches == 0) {
 			byError = append(byError, s)
 		} else {
 			join(s)
@@ -159,16 +154,16 @@ func (g *Group) State() etcdwatch.State {
 		}
 	}
 	g.mu.Unlock()
-	if !counted { // every own Stream idle or failed, no pinned one answered
-		for _, s := range byError {
+	all := !counted // every own Stream idle or failed, no pinned one answered: they all count
+	for _, s := range byError {
+		if all {
 			join(s)
+		} else {
+			st = laterError(st, s)
 		}
-	} else {
-		for _, s := range byError {
-			if s.LastErrorAt.After(st.LastErrorAt) {
-				st.LastError, st.LastErrorAt = s.LastError, s.LastErrorAt
-			}
-		}
+	}
+	if !allFailed {
+		failed = nil
 	}
 	st.Failed = failed
 	return st
@@ -204,8 +199,13 @@ func combine(a, b etcdwatch.State) etcdwatch.State {
 	st := a
 	st.Connected = a.Connected && b.Connected
 	st.Since = health.Since(a.Connected, a.Since, b.Connected, b.Since)
+	return laterError(st, b)
+}
+
+// laterError is a with b's LastError if b's is the later.
+func laterError(a, b etcdwatch.State) etcdwatch.State {
 	if b.LastErrorAt.After(a.LastErrorAt) {
-		st.LastError, st.LastErrorAt = b.LastError, b.LastErrorAt
+		a.LastError, a.LastErrorAt = b.LastError, b.LastErrorAt
 	}
-	return st
+	return a
 }
