@@ -580,6 +580,22 @@ func TestSilentStreamThatNeverAnsweredDidNotWork(t *testing.T) {
 	}, "down from the cut")
 }
 
+// movedAtItsHead opens watch a at revision 1, delivers its event at 2,
+// cuts the stream, and confirms, at revision 3, the create that moves the
+// watch to the new stream: from its own revision 2, at the head (see
+// entry.start). It returns the watch and that create.
+func movedAtItsHead(t *testing.T, h *harness) (*etcdwatch.Watch, *pb.WatchCreateRequest) {
+	t.Helper()
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(2), c.StartRevision, "at the head: from its own revision")
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	return w, c
+}
+
 // TestTrapCompactedJustPastItsRevision: a watch at the store's head is
 // re-created from its own revision r (see entry.start). If the store was
 // written and compacted at r+1 meanwhile, etcd cancels that create as
@@ -588,13 +604,7 @@ func TestSilentStreamThatNeverAnsweredDidNotWork(t *testing.T) {
 // revision r+1, compacted up to r+1".
 func TestTrapCompactedJustPastItsRevision(t *testing.T) {
 	h := newHarness(t)
-	w := h.watch(etcdwatch.Key("a"), 1)
-	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
-	require.Equal(t, int64(2), next(t, w).Revision)
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	require.Equal(t, int64(2), c.StartRevision, "at the head: from its own revision")
-	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	w, c := movedAtItsHead(t, h)
 	h.srv.Send(t, ws.Compacted(c.WatchId, 3))
 	require.Equal(t, c.WatchId, h.srv.RecvCancel(t), "the compacted watcher is canceled on the server")
 	again := h.srv.RecvCreate(t)
@@ -617,13 +627,7 @@ func TestTrapRecreateIsBookmarked(t *testing.T) {
 	for _, answerFirst := range []bool{true, false} {
 		t.Run(fmt.Sprintf("answer first %v", answerFirst), func(t *testing.T) {
 			h := newHarness(t)
-			w := h.watch(etcdwatch.Key("a"), 1)
-			h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
-			require.Equal(t, int64(2), next(t, w).Revision)
-			h.cut()
-			c := h.srv.RecvCreate(t)
-			require.Equal(t, int64(2), c.StartRevision)
-			h.srv.Send(t, ws.Created(c.WatchId, 3))
+			w, c := movedAtItsHead(t, h)
 			h.await(func() bool { return h.s.Stats().Moved == 1 }, "moved")
 			got := h.progressAsync()
 			require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
@@ -659,12 +663,7 @@ func TestTrapRecreateIsBookmarked(t *testing.T) {
 // and ask again, as for a watch moved under it.
 func TestTrapRecreateConfirmedIsAWatchLikeAnyOther(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithBufferLimit(2), etcdwatch.WithStallBudget(0))
-	w := h.watch(etcdwatch.Key("a"), 1)
-	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
-	require.Equal(t, int64(2), next(t, w).Revision)
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	w, c := movedAtItsHead(t, h)
 	h.srv.Send(t, ws.Compacted(c.WatchId, 3)) // the trap: created again from 3
 	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
 	again := h.srv.RecvCreate(t)
