@@ -244,11 +244,12 @@ func (o *delivery) endLocked(err error) (ended, tell bool) {
 	return true, false
 }
 
-// closeOut closes the consumer's channels. Called with mu held, exactly once:
-// by finish or abort when no pump runs nor Handler call is running or due
-// (for a Handler's watch, by Watch.told, once Ended is due), otherwise by
-// the pump, or the Handler's goroutine, as it finishes. over goes first, so that a consumer who sees the channel closed
-// finds Err set.
+// closeOut closes the consumer's channels. Called with mu held, exactly
+// once: by finish or abort when no pump runs nor Handler call is running
+// or due (for a Handler's watch, by Watch.told, once Ended is due),
+// otherwise by the pump, or the Handler's goroutine, as it finishes. over
+// goes first, so that a consumer who sees the channel closed finds Err
+// set.
 func (o *delivery) closeOut() {
 	o.over.Store(true)
 	if d := o.more.done; d != nil {

@@ -54,20 +54,13 @@ func (b *stateBox) get() State {
 	return b.st
 }
 
-// opening returns the State, and whether nothing has happened yet: no
-// server has answered and nothing has failed, as for a lane just opened.
-func (b *stateBox) opening() (State, bool) {
+// opening returns the State; whether nothing has happened yet, no server
+// having answered and nothing having failed, as for a lane just opened;
+// and whether a create has been sent all the same.
+func (b *stateBox) opening() (st State, opening, asked bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.st, !b.heard && b.st.LastError == nil
-}
-
-// unasked returns the State, and whether nothing has been asked of the
-// lane's server yet, nor has failed: a lane without watches so far.
-func (b *stateBox) unasked() (State, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.st, !b.heard && !b.asked && b.st.LastError == nil
+	return b.st, !b.heard && b.st.LastError == nil, b.asked
 }
 
 // ask records that a create was sent, which the server must answer.

@@ -340,19 +340,20 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // opening a view does not read as a disconnection. Likewise the main
 // stream while nothing has been asked of it (a Stream of views alone): it
 // counts by its failures only, and the isolated stream says whether the
-// server answers; from its first create on, it counts as any lane. An isolated lane that
-// failed for good counts by its error only. A Stream with no watches at
-// all reads disconnected until its server first answers: its first
-// watch, or the liveness probe (WithLiveness) of an idle stream.
+// server answers; from its first create on, it counts as any lane. An
+// isolated lane that failed for good counts by its error only. A Stream
+// with no watches at all reads disconnected until its server first
+// answers: its first watch, or the liveness probe (WithLiveness) of an
+// idle stream.
 func (s *Stream) State() State {
-	st, mainUnasked := s.main.state.unasked()
+	st, mainOpening, mainAsked := s.main.state.opening()
 	if iso := s.isolatedLane(false); iso != nil {
-		ist, opening := iso.state.opening()
+		ist, opening, _ := iso.state.opening()
 		switch {
 		case ist.Failed != nil: // its watches ended; the next isolated watch opens a new one
 			st = laterError(st, ist)
 		case opening:
-		case mainUnasked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
+		case mainOpening && !mainAsked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
 			st = ist
 		default:
 			st = combine(st, ist)

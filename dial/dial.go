@@ -150,10 +150,11 @@ func parseEndpoint(ep string) (endpoint, error) {
 	if ep == "" {
 		return e, fmt.Errorf("%w: empty endpoint", etcdwatch.ErrInvalidArgument)
 	}
-	if !strings.Contains(ep, "://") && strings.Contains(ep, "@") {
+	hasScheme := strings.Contains(ep, "://")
+	if !hasScheme && strings.Contains(ep, "@") {
 		return e, fmt.Errorf("%w: endpoint %q: user info in an endpoint is not used; authenticate with WithPassword", etcdwatch.ErrInvalidArgument, e.raw)
 	}
-	if strings.Contains(ep, "://") {
+	if hasScheme {
 		u, err := url.Parse(ep)
 		if err != nil {
 			return e, fmt.Errorf("%w: endpoint %q is not a URL", etcdwatch.ErrInvalidArgument, e.raw)
