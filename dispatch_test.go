@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -416,6 +417,35 @@ func TestBackoff(t *testing.T) {
 		d := b.next(t0.Add(step.at), step.end)
 		if d < step.min || d > step.max {
 			t.Fatalf("step %d (%+v at %v): delay %v, want within [%v, %v]", i, step.end, step.at, d, step.min, step.max)
+		}
+	}
+}
+
+// TestGrowing: the delay after n failures doubles from min up to max and
+// stays there, for any min, max and n: a min of 20s overflowed int64 at
+// the 30th failure (a member down for a few hours) and panicked in jitter.
+func TestGrowing(t *testing.T) {
+	for _, c := range []struct {
+		min, max time.Duration
+		n        int
+		want     time.Duration // before jitter: the delay is within [want/2, want]
+	}{
+		{100 * time.Millisecond, 5 * time.Second, 1, 100 * time.Millisecond},
+		{100 * time.Millisecond, 5 * time.Second, 3, 400 * time.Millisecond},
+		{100 * time.Millisecond, 5 * time.Second, 7, 5 * time.Second}, // 6.4s, capped
+		{100 * time.Millisecond, 5 * time.Second, 1 << 20, 5 * time.Second},
+		{20 * time.Second, 5 * time.Minute, 5, 5 * time.Minute},
+		{20 * time.Second, 5 * time.Minute, 30, 5 * time.Minute}, // min<<29 overflowed
+		{20 * time.Second, 5 * time.Minute, 64, 5 * time.Minute},
+		{time.Nanosecond, time.Duration(math.MaxInt64), 40, 1 << 39},
+		{time.Nanosecond, time.Duration(math.MaxInt64), 70, time.Duration(math.MaxInt64)},
+		{time.Second, time.Minute, 0, time.Second}, // below 1 counts as 1
+		{time.Second, time.Minute, -5, time.Second},
+	} {
+		for range 20 {
+			if d := growing(c.min, c.max, c.n); d < c.want/2 || d > c.want {
+				t.Fatalf("growing(%v, %v, %d) = %v, want within [%v, %v]", c.min, c.max, c.n, d, c.want/2, c.want)
+			}
 		}
 	}
 }

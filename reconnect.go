@@ -252,12 +252,14 @@ func (b *backoff) next(now time.Time, end streamEnd) time.Duration {
 	return growing(b.min, b.max, b.failures)
 }
 
-// growing is the delay after n failures in a row (n >= 1): min doubling
-// with each up to max, jittered.
-func growing(min, max time.Duration, n int) time.Duration {
-	d := max
-	if shift := n - 1; shift < 30 && min<<shift < max {
-		d = min << shift
+// growing is the delay after n failures in a row: lo doubling with each
+// up to hi, jittered; n below 1 counts as 1. The doubling is compared
+// against hi before it is made, so that it cannot overflow however long
+// lo is or however many the failures.
+func growing(lo, hi time.Duration, n int) time.Duration {
+	d := hi
+	if shift := max(n-1, 0); shift < 63 && lo <= hi>>shift {
+		d = lo << shift
 	}
 	return jitter(d)
 }

@@ -46,8 +46,8 @@ func (s *Stream) Context() context.Context { return s.base }
 // Logger returns the logger given with WithLogger.
 func (s *Stream) Logger() *slog.Logger { return s.opts.logger }
 
-// RetryDelay returns how long to wait after failures (>= 1) attempts in a
-// row failed, by WithReconnectBackoff's policy.
+// RetryDelay returns how long to wait after failures attempts in a row
+// failed (fewer than 1 count as 1), by WithReconnectBackoff's policy.
 func (s *Stream) RetryDelay(failures int) time.Duration {
 	return growing(s.opts.backoffMin, s.opts.backoffMax, failures)
 }
