@@ -1,6 +1,7 @@
 package etcdwatch
 
 import (
+	"math"
 	"time"
 
 	"github.com/etcdwatch/etcdwatch/internal/clock"
@@ -99,7 +100,7 @@ func (s *stall) begin(c clock.Clock, w *Watch, now time.Time, shared bool) bool 
 	if s.at.IsZero() {
 		s.budget = s.max
 	} else {
-		s.budget = min(s.budget+now.Sub(s.at)/stallShare, s.max)
+		s.budget = min(addCapped(s.budget, max(now.Sub(s.at), 0)/stallShare), s.max)
 	}
 	s.at = now
 	if s.max == 0 || s.budget <= 0 {
@@ -113,11 +114,20 @@ func (s *stall) begin(c clock.Clock, w *Watch, now time.Time, shared bool) bool 
 
 // allowed is how long the current stall may last in all.
 func (s *stall) allowed() time.Duration {
-	d := s.budget + stallFree
+	d := addCapped(s.budget, stallFree)
 	if s.shared {
 		d = min(d, sharedStall)
 	}
 	return d
+}
+
+// addCapped is a+b for durations >= 0, at most the longest Duration: a
+// budget of math.MaxInt64, "always wait", must not wrap to a negative wait.
+func addCapped(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // share cuts short a stall that has begun to hold up other watches: a

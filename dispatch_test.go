@@ -512,6 +512,29 @@ func TestStallRation(t *testing.T) {
 	}
 }
 
+// TestStallRationUnbounded: WithStallBudget(math.MaxInt64), "always
+// wait", waits: budget plus stallFree, and the refill, wrapped negative
+// and the watch was paused at once.
+func TestStallRationUnbounded(t *testing.T) {
+	s := stall{max: math.MaxInt64}
+	defer s.Stop()
+	w := &Watch{}
+	t0 := time.Unix(1000, 0)
+	for i, at := range []time.Duration{0, 2 * time.Second, time.Hour} {
+		now := t0.Add(at)
+		if !s.begin(clock.Real, w, now, false) {
+			t.Fatalf("stall %d not begun", i)
+		}
+		if s.allowed() <= 0 || s.until.Before(now.Add(100*365*24*time.Hour)) {
+			t.Fatalf("stall %d may last %v, until %v", i, s.allowed(), s.until)
+		}
+		s.release(now.Add(time.Second))
+		if want := time.Duration(math.MaxInt64) - time.Second + stallFree; s.budget != want && i == 0 {
+			t.Fatalf("after stall %d the budget is %v, want %v", i, s.budget, want)
+		}
+	}
+}
+
 // TestUnmatchedAnswerLeftInAnEndedStream: a stream can end with answers
 // still waiting to be read, and the first of them may be one that cannot be
 // matched. Handling it while draining the ended stream must not end that

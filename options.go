@@ -190,7 +190,8 @@ func (o *options) validate() error {
 		switch c.(type) {
 		case nil:
 			return fmt.Errorf("%w: WithCallOptions with a nil option", ErrInvalidArgument)
-		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption:
+		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption,
+			grpc.CustomCodecCallOption: // CallCustomCodec, deprecated but still choosing
 			return fmt.Errorf("%w: WithCallOptions(%T): the Stream chooses the codec of its RPC", ErrInvalidArgument, c)
 		}
 	}
