@@ -732,6 +732,7 @@ func TestOpenValidation(t *testing.T) {
 		{"progress retry max below min", conn, etcdwatch.WithProgressRetry(time.Second, time.Millisecond), "WithProgressRetry"},
 		{"stall budget", conn, etcdwatch.WithStallBudget(-time.Millisecond), "WithStallBudget"},
 		{"codec", conn, etcdwatch.WithCallOptions(grpc.CallContentSubtype("json")), "WithCallOptions"},
+		{"custom codec", conn, etcdwatch.WithCallOptions(grpc.CallCustomCodec(nil)), "WithCallOptions"}, //lint:ignore SA1019 deprecated, still in gRPC: it won over the Stream's codec
 		{"nil logger", conn, etcdwatch.WithLogger(nil), "WithLogger"},
 		{"nil call option", conn, etcdwatch.WithCallOptions(grpc.WaitForReady(true), nil), "WithCallOptions"}, // a nil one panicked in gRPC on the Stream's goroutine
 	} {
