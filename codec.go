@@ -303,7 +303,7 @@ func (r *wireRequest) encode() []byte {
 	switch r.kind {
 	case requestCreate:
 		inner := r.createSize()
-		b := make([]byte, 0, protowire.SizeTag(fieldReqCreate)+protowire.SizeBytes(inner))
+		b := make([]byte, 0, createMessageSize(inner))
 		b = protowire.AppendTag(b, fieldReqCreate, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(inner))
 		return r.appendCreate(b)
@@ -340,6 +340,12 @@ func (r *wireRequest) appendCreate(b []byte) []byte {
 	b = appendVarintField(b, fieldCreatePrevKV, protowire.EncodeBool(w.has(optPrevKV)))
 	b = appendVarintField(b, fieldCreateWatchID, uint64(r.id))
 	return appendVarintField(b, fieldCreateFragment, protowire.EncodeBool(w.has(optFragment)))
+}
+
+// createMessageSize is the size of a WatchRequest carrying a create whose
+// own encoding (createSize) takes inner bytes.
+func createMessageSize(inner int) int {
+	return protowire.SizeTag(fieldReqCreate) + protowire.SizeBytes(inner)
 }
 
 func (r *wireRequest) createSize() int {

@@ -16,7 +16,9 @@ var (
 	// ErrCanceled ends a watch whose Cancel method was called.
 	ErrCanceled = errors.New("etcdwatch: watch canceled")
 
-	// ErrInvalidRequest wraps every error returned by Request.Validate.
+	// ErrInvalidRequest wraps every error returned by Request.Validate, and
+	// matches a *ServerError for a request the server refused as malformed
+	// or too large.
 	ErrInvalidRequest = errors.New("etcdwatch: invalid request")
 
 	// ErrInvalidArgument wraps errors for bad arguments and options: to Open,

@@ -103,7 +103,9 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // bounds them, a promise about memory the Stream keeps: a revision above
 // it (in a watch without fragments) ends the Stream's watches with an
 // error wrapping ErrStreamFailed whose gRPC code is ResourceExhausted, as
-// clientv3 ends its watches. Default: none.
+// clientv3 ends its watches. A create above a grpc.MaxCallSendMsgSize here
+// (or above the server's limit) is refused, that watch alone, with a
+// *ServerError matching ErrInvalidRequest. Default: none.
 func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch/internal/clock"
 	"github.com/etcdwatch/etcdwatch/internal/ring"
@@ -62,7 +63,7 @@ func (d *dispatcher) handleSessionEnd() {
 	d.live.Stop()
 	now := d.clock.Now()
 	d.l.state.ended(err, d.sessHeard, now)
-	if !d.retryable(err) {
+	if !d.retryable(err) && !d.refuseTooLarge(err) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
@@ -101,6 +102,41 @@ func (d *dispatcher) retryable(err error) bool {
 		return false
 	}
 	return !rpcerr.Final(err) && !rpcerr.TooLarge(err)
+}
+
+// refuseTooLarge ends the watches whose creates in flight are larger than
+// the size limit err names, and reports whether there were any: the server
+// (or the Stream's own send limit, grpc.MaxCallSendMsgSize) refused one of
+// them, and ended the stream for it, which ends those watches alone, with a
+// *ServerError matching ErrInvalidRequest; the others go on on a new
+// stream. With none, the limit is the Stream's own receive limit, and the
+// response that broke it would break it again: err is final.
+func (d *dispatcher) refuseTooLarge(err error) bool {
+	limit, ok := rpcerr.SizeLimit(err)
+	if !ok {
+		return false
+	}
+	refused := false
+	d.pending.DeleteFunc(func(w *Watch) bool {
+		if d.createMessageSize(w) <= limit {
+			return false
+		}
+		refused = true
+		d.handleRefused(w, &ServerError{Reason: status.Convert(err).Message()})
+		return true
+	})
+	return refused
+}
+
+// createMessageSize is the size of the WatchRequest that sent w's create,
+// to within a byte: its start revision may have been w's own rather than
+// the next (see entry.start).
+func (d *dispatcher) createMessageSize(w *Watch) int {
+	r := wireRequest{kind: requestCreate, id: w.entry.reqID, watch: &w.req}
+	if !w.entry.is(fromNow) {
+		r.start = w.entry.rev + 1
+	}
+	return createMessageSize(r.createSize())
 }
 
 // requeueAll puts every watch that had or awaited a server-side watch back in

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
@@ -324,6 +325,58 @@ func TestLargeRevisionWithoutFragments(t *testing.T) {
 	require.Len(t, last.Events, 3)
 	require.Equal(t, value('a'), string(last.Events[2].PrevKV.Value))
 	require.Zero(t, s.Stats().Reconnects, "the stream was replaced")
+}
+
+// TestOversizedCreateEndsItsWatchAlone: a create larger than the server
+// accepts (its gRPC limit, maxRequestBytes + 512 KiB) or than the Stream
+// may send (grpc.MaxCallSendMsgSize) ends the stream it was sent on. It
+// ends that watch alone, refused with ErrInvalidRequest, as any refusal
+// does; the other watches go on, from their next revision, on a new
+// stream. Taken for the Stream's own receive limit, it ended every watch
+// and refused every later one with ErrStreamFailed.
+func TestOversizedCreateEndsItsWatchAlone(t *testing.T) {
+	leakCheck(t)
+	for _, tc := range []struct {
+		name string
+		size int
+		opts []etcdwatch.Option
+	}{
+		{"server's limit", maxRequestBytes + 1<<20, nil},
+		{"own send limit", 4 << 10, []etcdwatch.Option{etcdwatch.WithCallOptions(grpc.MaxCallSendMsgSize(2 << 10))}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, kv, c := open(t, tc.opts...), client(t), ctx(t)
+			healthy, err := s.Watch(c, etcdwatch.Key("oversized/healthy"))
+			require.NoError(t, err)
+			big := etcdwatch.Key(string(bytes.Repeat([]byte("k"), tc.size)))
+
+			_, err = s.Watch(c, big)
+			var se *etcdwatch.ServerError
+			require.ErrorAs(t, err, &se)
+			require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+			require.NotErrorIs(t, err, etcdwatch.ErrStreamFailed)
+
+			ws, err := s.WatchAll(c, etcdwatch.Key("oversized/a"), big)
+			var re *etcdwatch.RequestError
+			require.ErrorAs(t, err, &re)
+			require.Equal(t, 1, re.Index)
+			require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+			require.Nil(t, ws)
+
+			later, err := s.Watch(c, etcdwatch.Key("oversized/later"))
+			require.NoError(t, err, "a later watch on the Stream")
+			put, err := kv.Put(c, "oversized/healthy", "v")
+			require.NoError(t, err)
+			_, err = kv.Put(c, "oversized/later", "v")
+			require.NoError(t, err)
+			r := next(t, healthy)
+			require.Len(t, r.Events, 1, "the watch opened before the refusals")
+			require.Equal(t, put.Header.Revision, r.Events[0].ModRevision)
+			require.Len(t, next(t, later).Events, 1)
+			require.Equal(t, int64(2), s.Stats().Watches)
+			require.Positive(t, s.Stats().Reconnects, "the refusals ended streams")
+		})
+	}
 }
 
 // TestRequestProgress: the answer covers every write made before the call,

@@ -6,6 +6,7 @@ package rpcerr
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -38,6 +39,22 @@ func TooLarge(err error) bool {
 	return ok && s.Code() == codes.ResourceExhausted && strings.Contains(s.Message(), "larger than max")
 }
 
+// SizeLimit returns the limit a message broke when err is gRPC refusing
+// one as too large: a receiver's (grpc: received message larger than max
+// (X vs. Y)), the server's or the client's own, or the client's send
+// limit (grpc: trying to send message larger than max (X vs. Y)).
+func SizeLimit(err error) (limit int, ok bool) {
+	if !TooLarge(err) {
+		return 0, false
+	}
+	msg := status.Convert(err).Message()
+	var size int
+	if _, err := fmt.Sscanf(msg[strings.Index(msg, "larger than max")+len("larger than max"):], " (%d vs. %d)", &size, &limit); err != nil {
+		return 0, false
+	}
+	return limit, true
+}
+
 // Kind is what a server's cancel reason means.
 type Kind uint8
 
@@ -64,7 +81,8 @@ var reasons = []struct {
 	{"user name is empty", NoUser},
 	{"range is empty", InvalidRequest},
 	{"duplicate watch id", InvalidRequest},
-	{"compacted", Compacted}, // etcd 3.7 refuses a negative start revision so
+	{"compacted", Compacted},            // etcd 3.7 refuses a negative start revision so
+	{"larger than max", InvalidRequest}, // gRPC's size limit, for a create the server refused as too large (SizeLimit)
 }
 
 // Classify returns what a cancel reason (or any error text of the server)

@@ -20,6 +20,7 @@ func TestClassify(t *testing.T) {
 		"mvcc: watcher range is empty":                                                       InvalidRequest,
 		"mvcc: duplicate watch ID provided on the WatchStream":                               InvalidRequest,
 		"etcdserver: mvcc: required revision has been compacted":                             Compacted,
+		"grpc: received message larger than max (4718608 vs. 4194304)":                       InvalidRequest,
 		"": Other,
 		"rpc error: code = Unavailable desc = etcdserver: no leader": Other,
 	} {
@@ -61,6 +62,26 @@ func TestTooLarge(t *testing.T) {
 	}
 	if TooLarge(status.Error(codes.ResourceExhausted, "etcdserver: too many requests")) {
 		t.Error("etcd's rate limit taken for the receive limit")
+	}
+}
+
+func TestSizeLimit(t *testing.T) {
+	for _, tc := range []struct {
+		err   error
+		limit int
+		ok    bool
+	}{
+		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max (4718608 vs. 4194304)"), 4194304, true},
+		{status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (2000 vs. 1000)"), 1000, true},
+		{fmt.Errorf("wrapped: %w", status.Error(codes.ResourceExhausted, "grpc: received message larger than max (2 vs. 1)")), 1, true},
+		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max"), 0, false}, // no sizes
+		{status.Error(codes.ResourceExhausted, "etcdserver: too many requests"), 0, false},
+		{status.Error(codes.Unavailable, "grpc: received message larger than max (2 vs. 1)"), 0, false},
+		{errors.New("larger than max (2 vs. 1)"), 0, false},
+	} {
+		if limit, ok := SizeLimit(tc.err); limit != tc.limit || ok != tc.ok {
+			t.Errorf("SizeLimit(%v) = %d, %v; want %d, %v", tc.err, limit, ok, tc.limit, tc.ok)
+		}
 	}
 }
 
