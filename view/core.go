@@ -103,24 +103,21 @@ func (c *core[T]) join(from chan struct{}) chan struct{} {
 	return done
 }
 
-// leave lets go of the hold of a View whose ctx has ended, and closes its
-// done. The last View to leave ends the state and first waits for its
-// goroutines. A hold the state's end has already taken is left to finish,
-// which closes its done.
-func (c *core[T]) leave(done chan struct{}) {
+// leave lets go of the hold of a View whose ctx has ended, and reports
+// whether it held it: the caller then closes done. The last View to leave
+// ends the state and first waits for its goroutines. A hold the state's
+// end has already taken is left to finish, which closes its done.
+func (c *core[T]) leave(done chan struct{}) (held bool) {
 	c.mu.Lock()
-	_, held := c.holds[done]
+	_, held = c.holds[done]
 	delete(c.holds, done)
 	last := held && len(c.holds) == 0
 	c.mu.Unlock()
-	if !held {
-		return
-	}
 	if last {
 		c.cancel(ErrClosed)
 		<-c.done
 	}
-	close(done)
+	return held
 }
 
 // finish records why the state ended, wakes its waiters and subscribers,

@@ -42,6 +42,18 @@ type View[T any] struct {
 	subs    map[*Subscription[T]]struct{} // open subscriptions, ended by Close; nil after; guarded by mu
 	closed  bool                          // Close has begun; guarded by mu
 	resyncs atomic.Uint64                 // Resyncs its subscriptions were given for falling behind
+
+	// last is the state and its counters as Close left them (for the last
+	// View of a state, as the state ended), which the View answers from
+	// then on, though another View of the state goes on; nil before.
+	// Stored by Close (or endedCopy), then read only.
+	last atomic.Pointer[closedState[T]]
+}
+
+// closedState is what a closed View goes on answering from.
+type closedState[T any] struct {
+	snap  *Snapshot[T]
+	stats Stats // the state's counters, without the View's own
 }
 
 // New lists r's range on src's connection and watches it on src, and returns
@@ -113,7 +125,12 @@ func checkArgs(src Source, r etcdwatch.Request, noDecode bool, o options) error 
 }
 
 // Snapshot returns the view's current state.
-func (v *View[T]) Snapshot() *Snapshot[T] { return v.core.snap.Load() }
+func (v *View[T]) Snapshot() *Snapshot[T] {
+	if last := v.last.Load(); last != nil {
+		return last.snap
+	}
+	return v.core.snap.Load()
+}
 
 // Get returns the key's entry in the current state, and whether it exists.
 func (v *View[T]) Get(key string) (Entry[T], bool) { return v.Snapshot().Get(key) }
@@ -178,7 +195,12 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 
 // Stats returns the view's counters.
 func (v *View[T]) Stats() Stats {
-	st := v.core.statsNow()
+	var st Stats
+	if last := v.last.Load(); last != nil {
+		st = last.stats
+	} else {
+		st = v.core.statsNow()
+	}
 	v.mu.Lock()
 	st.Subscribers = len(v.subs)
 	v.mu.Unlock()
@@ -294,6 +316,7 @@ func (v *View[T]) Share() *View[T] {
 func (v *View[T]) endedCopy() *View[T] {
 	cause := context.Cause(v.ctx)
 	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed}
+	u.last.Store(v.last.Load()) // v's closed state, if v was closed while its state went on
 	u.ctx, u.cancel = context.WithCancelCause(context.Background())
 	u.cancel(cause)
 	close(u.done)
@@ -313,7 +336,11 @@ func (v *View[T]) Close() error {
 		for sub := range subs {
 			sub.end(ErrClosed)
 		}
-		v.core.leave(v.done)
+		held := v.core.leave(v.done) // the last View waits for the state's end, and its last publication
+		v.last.Store(&closedState[T]{snap: v.core.snap.Load(), stats: v.core.statsNow()})
+		if held {
+			close(v.done) // after last: whoever sees Done sees the closed state
+		}
 	})
 	<-v.done
 	return nil

@@ -803,7 +803,8 @@ func TestViewIdlePrefixSurvivesCompaction(t *testing.T) {
 // server-side watch, released by the last Close; each New has a state and
 // a watch of its own, even with the same decode function. Catches: a watch
 // per Share, a Share that lists again or decodes otherwise, a shared state
-// ended by the first Close or kept after the last.
+// ended by the first Close or kept after the last, a closed View whose
+// state and Stats go on moving with the others'.
 func TestViewShare(t *testing.T) {
 	leakCheck(t)
 	kv := client(t)
@@ -825,10 +826,21 @@ func TestViewShare(t *testing.T) {
 	}
 	require.NoError(t, v1.Close())
 	require.NoError(t, v2.Err(), "closing one view ended the other")
+	closedSnap, closedStats := v1.Snapshot(), v1.Stats()
 	rev = put(t, kv, prefix+"k", "two")
-	require.NoError(t, v2.WaitForRevision(ctx(t), rev))
+	put(t, kv, prefix+"k2", "two")
+	require.NoError(t, v2.WaitForRevision(ctx(t), rev+1))
 	e, _ := v2.Get(prefix + "k")
 	require.Equal(t, "a:two", e.Value)
+	// The closed View answers from the state as it left it, though the
+	// state goes on (its values followed the state, and so did the
+	// etcdwatchprom gauges read from its Stats).
+	require.Same(t, closedSnap, v1.Snapshot())
+	e, _ = v1.Get(prefix + "k")
+	require.Equal(t, "a:one", e.Value)
+	require.Equal(t, 1, v1.Len())
+	require.Equal(t, closedStats, v1.Stats())
+	require.Equal(t, 2, v2.Len())
 	require.Equal(t, int64(1), s.Stats().Watches)
 	require.NoError(t, v2.Close())
 	require.Eventually(t, func() bool { return s.Stats().Watches == 0 }, wait, time.Millisecond, "the watch outlived its views")
