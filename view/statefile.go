@@ -354,7 +354,10 @@ func (sr *stateReader) entry(lend bool) (savedEntry, error) {
 	}
 	var kv []byte
 	if n := int(klen + vlen); lend {
-		if !sr.fill(n) { // the buffer grows with what comes, as for a large header
+		// The revisions after kv are read into the buffer now, with kv: a
+		// refill while reading them would move kv. The buffer grows with
+		// what comes, as for a large header.
+		if sr.fill(n + 4*binary.MaxVarintLen64); len(sr.buf)-sr.pos < n {
 			return e, sr.short("an entry")
 		}
 		kv = sr.buf[sr.pos : sr.pos+n]

@@ -16,10 +16,11 @@ import (
 )
 
 // warmKeys is how many keys the warm-restart tests save: enough for the
-// saved state to span many of the loader's buffers.
-const warmKeys = 2000
+// saved state (about 100 bytes a key) to span several of the loader's
+// 256 KiB buffers.
+const warmKeys = 8000
 
-// TestViewWarmRestart saves a view of 2,000 keys (WithStateFile, at its
+// TestViewWarmRestart saves a view of 8,000 keys (WithStateFile, at its
 // Close), changes the range, and starts a view from the file on another
 // Stream, as a restarted process would. The restored view must equal a
 // Get at its revision; a subscriber from the saved revision, replaying
