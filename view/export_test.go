@@ -30,6 +30,17 @@ func StateOfVersion(b []byte, v uint32) []byte {
 	return resum(b)
 }
 
+// ReadHeaderLength returns how many bytes of the saved state in b its
+// header takes.
+func ReadHeaderLength(b []byte) (int, error) {
+	r := bytes.NewReader(b)
+	sr, _, err := readHeader(r)
+	if err != nil {
+		return 0, err
+	}
+	return int(r.Size()) - r.Len() - (len(sr.buf) - sr.pos), nil
+}
+
 // SavedRevision returns the revision of the saved state in b.
 func SavedRevision(b []byte) (int64, error) {
 	_, h, err := readHeader(bytes.NewReader(b))

@@ -322,6 +322,9 @@ func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching) (bool, error) 
 			return true, context.Cause(r.ctx)
 		}
 	}
+	if r.w.Err() != nil { // its end and the goal both came; select took the goal
+		return r.catchUpEnded(saved)
+	}
 	// The state now equals the range's at g.rev: move there, so that the
 	// batch says so (only a key created and deleted again in between,
 	// still to come from the watch, is then skipped).

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -406,6 +407,41 @@ func TestRestoreFailsWhenItsWatchEnds(t *testing.T) {
 	got := recv(t, res, "view.New")
 	require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
 	require.Nil(t, got.v)
+}
+
+// TestRestoreFailsWhenItsWatchEndsBeforeItsGoal: the server refuses the
+// restore's watch while the saved entries are still read, and the read of
+// how far to catch up (made instead of the progress answer the refusal
+// cut short) sets a goal the loaded state already meets. The watch's end
+// and the goal both wait for catchUp; it took the goal at even odds and
+// New returned a view that ended at once. The entries are held until the
+// read is made, and are many (3,000), so that the goal has come when
+// catchUp starts.
+func TestRestoreFailsWhenItsWatchEndsBeforeItsGoal(t *testing.T) {
+	for range 3 {
+		h := newHarness(t) // a Stream each: the progress request the refusal cut short is never answered
+		kv := h.server.KV()
+		putKeys(kv, 3000)
+		saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+		hdr, err := view.ReadHeaderLength(saved)
+		require.NoError(t, err)
+		pr, pw := io.Pipe()
+		go func() { _, _ = pw.Write(saved[:hdr]) }()
+		before := len(kv.Requests())
+		res, id := h.restoring(at, view.DecodeBytes, view.WithRestore(pr))
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked how far to catch up")
+		h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(at), WatchId: id, Canceled: true, CancelReason: "etcdserver: permission denied"})
+		kv.AwaitRequests(t, func(reqs []*pb.RangeRequest) bool {
+			return slices.ContainsFunc(reqs[before:], func(r *pb.RangeRequest) bool { return r.SortTarget == pb.RangeRequest_MOD })
+		})
+		go func() { _, _ = pw.Write(saved[hdr:]); _ = pw.Close() }()
+		got := recv(t, res, "view.New")
+		if got.v != nil {
+			ended(t, got.v)
+			t.Fatalf("New returned a view whose watch the server had refused; it ended with %v", got.v.Err())
+		}
+		require.ErrorIs(t, got.err, etcdwatch.ErrPermissionDenied)
+	}
 }
 
 // TestRestoreLetGoIsReported: a valid saved state whose history is
