@@ -50,7 +50,7 @@ type core[T any] struct {
 	moves    chan freshness                  // reads whose state the view has: the runner moves the view to their revision
 	repair   chan uint64                     // buffered 1: the integrity check asks the runner to list again the state of this listing
 	asking   atomic.Bool                     // a bookmark request is in flight
-	answered atomic.Bool                     // a progress request for the view's watch has been answered
+	answered atomic.Pointer[etcdwatch.Watch] // the last watch of the view's whose progress request was answered
 	noAsk    atomic.Bool                     // the server's progress answers are unsafe: never ask
 
 	// The Views of this state, each held by its done channel: closed by

@@ -211,7 +211,7 @@ func (c *core[T]) freshen(ctx context.Context) (int64, error) {
 // that returns from New once it is answered answers its first Sync in a
 // round trip, not after that sync.
 func (c *core[T]) settle(ctx context.Context) {
-	if c.noAsk.Load() || c.answered.Load() { // a restore's catching up asked already
+	if c.noAsk.Load() || c.answered.Load() == c.watch.Load() { // a restore's catching up asked already, for this watch
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, progressWait)
@@ -228,7 +228,7 @@ func (c *core[T]) progress(ctx context.Context) (int64, error) {
 		w := c.watch.Load()
 		rev, err := w.RequestProgress(ctx)
 		if err == nil {
-			c.answered.Store(true)
+			c.answered.Store(w)
 		}
 		if err == nil || ctx.Err() != nil || c.watch.Load() == w {
 			return rev, err

@@ -444,6 +444,49 @@ func TestRestoreFailsWhenItsWatchEndsBeforeItsGoal(t *testing.T) {
 	}
 }
 
+// TestRestoreRefusedSettlesItsNewWatch: New returns once a progress
+// request for its watch is answered. A restore's catching up asks for one
+// on the restore's watch; when the loaded entries are then refused, the
+// view lists and watches anew, and that watch is asked about too.
+// Catches: the answer for the watch let go taken for the new one's (New
+// returned, and the first Sync could wait for etcd's next sync of new
+// watches).
+func TestRestoreRefusedSettlesItsNewWatch(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	bad := bytes.Clone(saved)
+	bad[len(bad)-6] ^= 1 // an entry's byte: its checksum fails once all are read
+	hdr, err := view.ReadHeaderLength(saved)
+	require.NoError(t, err)
+	pr, pw := io.Pipe()
+	go func() { _, _ = pw.Write(bad[:hdr]) }()
+	res, id := h.restoring(at, view.DecodeBytes, view.WithRestore(pr))
+	require.NotNil(t, h.isolated().Recv(t).GetProgressRequest(), "asked how far to catch up while the entries are read")
+	responses := h.s.Stats().Responses
+	h.srv.Send(t, ws.Progress(-1, kv.Revision())) // answered for the restore's watch...
+	require.Eventually(t, func() bool { return h.s.Stats().Responses > responses }, ws.Timeout, time.Millisecond,
+		"...and the answer taken, before the entries end")
+	go func() { _, _ = pw.Write(bad[hdr:]); _ = pw.Close() }()
+	require.Equal(t, id, h.srv.RecvCancel(t), "the restore's watch let go")
+	vh := &viewHarness[[]byte]{harness: h, kv: kv}
+	vh.confirm()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked about the new watch")
+	select {
+	case r := <-res:
+		if r.v != nil {
+			r.v.Close()
+		}
+		t.Fatal("New returned before its new watch's progress request was answered")
+	default: // it waits for the answer
+	}
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	v := started(t, res)
+	_, err = v.Restored()
+	require.ErrorIs(t, err, view.ErrSavedCorrupt)
+}
+
 // TestRestoreLetGoIsReported: a valid saved state whose history is
 // compacted is listed against; when that listing fails for a reason that
 // may pass, the retry lists as without it. Restored then says why it was
