@@ -143,13 +143,18 @@ func ExampleWithCreateTimeout() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer s.Close()
 	w, err := s.Watch(context.Background(), etcdwatch.Key("config"))
-	if errors.Is(err, etcdwatch.ErrCreateTimeout) {
-		log.Fatalf("etcd did not confirm the watch: %v", err) // says why, if the stream could not open
+	switch {
+	case errors.Is(err, etcdwatch.ErrCreateTimeout):
+		log.Fatalf("etcd did not confirm the watch in time: %v", err) // says why, if the stream could not open
+	case err != nil:
+		log.Fatalf("watch refused: %v", err) // a *ServerError, ErrClosed, ...
 	}
 	for r := range w.Responses() {
 		fmt.Println(r.Revision)
 	}
+	log.Printf("watch ended: %v", w.Err())
 }
 
 func ExampleWatch_Cancel() {

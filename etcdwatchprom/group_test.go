@@ -108,7 +108,10 @@ func TestGroupValuesMove(t *testing.T) {
 	for _, w := range ws {
 		for got := 0; got < 2; {
 			select {
-			case r := <-w.Responses():
+			case r, ok := <-w.Responses():
+				if !ok {
+					t.Fatalf("watch ended: %v", w.Err())
+				}
 				got += len(r.Events)
 			case <-ctx.Done():
 				t.Fatal(ctx.Err())

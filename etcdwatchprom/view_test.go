@@ -211,7 +211,10 @@ func TestViewValuesMove(t *testing.T) {
 		rev = put("w/out", "3")
 		for got := int64(0); got < rev; {
 			select {
-			case r := <-w.Responses():
+			case r, ok := <-w.Responses():
+				if !ok {
+					t.Fatalf("the Stream's other watch ended: %v", w.Err())
+				}
 				got = r.Revision
 			case <-ctx.Done():
 				t.Fatal("the Stream's other watch delivered nothing")

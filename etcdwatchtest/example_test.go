@@ -54,7 +54,10 @@ func Example() {
 	if _, err := kv.Put(ctx, &pb.PutRequest{Key: []byte("app/color"), Value: []byte("blue")}); err != nil {
 		log.Fatal(err)
 	}
-	r := <-w.Responses()
+	r, ok := <-w.Responses()
+	if !ok {
+		log.Fatal(w.Err()) // the watch ended: why
+	}
 	for _, e := range r.Events {
 		fmt.Println(e.Type, string(e.Key), string(e.Value), "at revision", e.ModRevision)
 	}
@@ -111,7 +114,10 @@ func ExampleProxy() {
 		if _, err := kv.Put(ctx, &pb.PutRequest{Key: []byte(key), Value: []byte(value)}); err != nil {
 			log.Fatal(err)
 		}
-		r := <-w.Responses()
+		r, ok := <-w.Responses()
+		if !ok {
+			log.Fatal(w.Err())
+		}
 		for _, e := range r.Events {
 			fmt.Println(e.Type, string(e.Key), string(e.Value))
 		}

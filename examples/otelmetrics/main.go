@@ -198,7 +198,10 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	for n := 0; n < 3; {
 		select {
-		case r := <-w.Responses():
+		case r, ok := <-w.Responses():
+			if !ok {
+				return w.Err() // ended: say why, rather than wait for ctx on a closed channel
+			}
 			n += len(r.Events)
 		case <-ctx.Done():
 			return ctx.Err()

@@ -85,7 +85,10 @@ func TestValuesMove(t *testing.T) {
 		t.Helper()
 		for want := events + n; events < want; {
 			select {
-			case r := <-w.Responses():
+			case r, ok := <-w.Responses():
+				if !ok {
+					t.Fatalf("watch ended: %v", w.Err())
+				}
 				events += len(r.Events)
 			case <-ctx.Done():
 				t.Fatal(ctx.Err())

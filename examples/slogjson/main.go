@@ -133,7 +133,10 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	select {
-	case <-w.Responses():
+	case _, ok := <-w.Responses():
+		if !ok {
+			return w.Err() // ended rather than resumed: say why
+		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}

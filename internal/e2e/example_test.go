@@ -34,7 +34,10 @@ func Example() {
 		}
 	}
 	for seen := 0; seen < 2; {
-		r := <-w.Responses()
+		r, ok := <-w.Responses()
+		if !ok {
+			log.Fatal(w.Err()) // the watch ended: why
+		}
 		for _, e := range r.Events {
 			fmt.Printf("%s %s = %s", e.Type, e.Key, e.Value)
 			if e.PrevKV != nil {

@@ -60,7 +60,10 @@ func TestSoakFromNowUnderWrites(t *testing.T) {
 					return
 				}
 				select {
-				case r := <-w.Responses():
+				case r, ok := <-w.Responses():
+					if !assert.True(t, ok, "watch ended: %v", w.Err()) {
+						return
+					}
 					if len(r.Events) > 0 && r.Events[0].ModRevision < w.CreatedRevision() {
 						early.Add(1)
 					}
