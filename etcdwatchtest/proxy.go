@@ -3,6 +3,7 @@ package etcdwatchtest
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -33,8 +34,11 @@ type Proxy struct {
 	accepted int
 
 	// Set by tests of this package, before any connection: onDelay, if
-	// set, is called when a chunk starts its delay; dial dials the target.
+	// set, is called when a chunk starts its delay; onEnd, when a direction
+	// of a link has ended and the proxy has done what it does about it;
+	// dial dials the target.
 	onDelay func()
+	onEnd   func()
 	dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
@@ -46,7 +50,8 @@ type link struct {
 	mu         sync.Mutex
 	server     net.Conn // nil while the target is being dialed
 	closed     bool
-	blackholed bool // bytes are read and dropped
+	blackholed bool // bytes are read and dropped, and ends are not passed on
+	ended      int  // directions whose source has ended (ended)
 }
 
 // dialTimeout bounds the dial of the target for one accepted connection.
@@ -124,8 +129,9 @@ func (p *Proxy) SetDelay(d time.Duration) {
 
 // Blackhole makes every open connection silently stop carrying bytes in
 // either direction, as when a firewall or NAT forgets a flow: the
-// connections stay open and nothing reports an error. New connections
-// are not affected. It returns how many connections it blackholed.
+// connections stay open and nothing reports an error, not even the target
+// closing its side (a member stopped or restarted). New connections are
+// not affected. It returns how many connections it blackholed.
 func (p *Proxy) Blackhole() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -265,10 +271,10 @@ func (p *Proxy) hold(l *link, start time.Time) bool {
 	}
 }
 
-// copy forwards src to dst until either fails, then drops the link.
+// copy forwards src to dst until src ends (ended) or dst fails (the link
+// is dropped).
 func (p *Proxy) copy(l *link, dst, src net.Conn) {
 	defer p.wg.Done()
-	defer p.drop(l)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -281,6 +287,7 @@ func (p *Proxy) copy(l *link, dst, src net.Conn) {
 					onDelay()
 				}
 				if !p.hold(l, time.Now()) { // the injected fault itself, not synchronisation
+					p.drop(l) // closed already, by a Cut or Close
 					return
 				}
 			}
@@ -289,14 +296,48 @@ func (p *Proxy) copy(l *link, dst, src net.Conn) {
 			l.mu.Unlock()
 			if !drop {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
+					p.drop(l)
 					return
 				}
 			}
 		}
 		if err != nil {
-			return // EOF, a cut, or a reset: the link is done either way
+			p.ended(l, dst, err)
+			return
 		}
 	}
+}
+
+// ended passes on the end of one direction of l, read from its source
+// with err, to dst: a clean end (EOF) as dst's write side closing, TCP's
+// half-close, so that a reply can still come the other way; any other, by
+// dropping the link. Once both directions have ended the link is dropped.
+// A blackholed link passes on nothing: the other side hears no more.
+func (p *Proxy) ended(l *link, dst net.Conn, err error) {
+	l.mu.Lock()
+	l.ended++
+	both, hole := l.ended == 2, l.blackholed
+	l.mu.Unlock()
+	switch {
+	case both:
+		p.drop(l)
+	case hole:
+	case errors.Is(err, io.EOF) && closeWrite(dst):
+	default:
+		p.drop(l)
+	}
+	p.mu.Lock()
+	onEnd := p.onEnd
+	p.mu.Unlock()
+	if onEnd != nil {
+		onEnd()
+	}
+}
+
+// closeWrite closes c's write side, and reports whether it could.
+func closeWrite(c net.Conn) bool {
+	cw, ok := c.(interface{ CloseWrite() error })
+	return ok && cw.CloseWrite() == nil
 }
 
 // connect gives l the connection to the target, and reports false, closing

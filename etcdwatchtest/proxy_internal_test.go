@@ -224,3 +224,37 @@ func TestCutEndsADelayUnderWay(t *testing.T) {
 	c.Close()
 	goleak.VerifyNone(t, before) // the link's copiers have exited
 }
+
+// TestBlackholeHidesTheTargetsEnd: a blackholed connection stays open for
+// the client when the target closes its side (a member stopped), as behind
+// a firewall that forgot the flow. Catches: the target's end passed on,
+// which told the client at once, so that its keepalive and liveness checks
+// never ran; the soak's blackhole-then-restart was a plain cut.
+func TestBlackholeHidesTheTargetsEnd(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	p, err := ListenProxy(ln.Addr().String())
+	require.NoError(t, err)
+	defer p.Close()
+	ended := make(chan struct{}, 2)
+	p.onEnd = func() { ended <- struct{}{} }
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	srv, err := ln.Accept()
+	require.NoError(t, err)
+	_, err = srv.Write([]byte("x")) // the link is up
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
+	_, err = io.ReadFull(c, make([]byte, 1))
+	require.NoError(t, err)
+
+	require.Equal(t, 1, p.Blackhole())
+	require.NoError(t, srv.Close())
+	await(t, ended, "end of the target's side") // the proxy has read it, and done what it does
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, err = c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the client learned that the target closed")
+	require.Equal(t, 1, p.Cut(), "the link is open until cut")
+}

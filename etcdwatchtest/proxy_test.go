@@ -151,6 +151,54 @@ func TestProxyBlackhole(t *testing.T) {
 	roundTrip(t, connect(t, p.Addr()), "new")
 }
 
+// oneConnServer accepts one connection and hands it to the test, which
+// closes it when it ends.
+func oneConnServer(t *testing.T) (string, <-chan net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan net.Conn, 1)
+	go func() { // exits after one Accept, or when the listener closes
+		c, err := ln.Accept()
+		if err != nil {
+			close(ch)
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		ch <- c
+	}()
+	return ln.Addr().String(), ch
+}
+
+// TestProxyHalfClose: a client that sends its request and closes its
+// write side (TCP's half-close) still gets the reply. Catches: the
+// client's end taken for the whole link's, which closed the target's side
+// before it answered.
+func TestProxyHalfClose(t *testing.T) {
+	addr, conns := oneConnServer(t)
+	p := etcdwatchtest.NewProxy(t, addr)
+	c := connect(t, p.Addr())
+	_, err := c.Write([]byte("request"))
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	srv := <-conns
+	require.NotNil(t, srv)
+	served := make(chan error, 1)
+	go func() { // exits once it has answered
+		req, err := io.ReadAll(srv)
+		if err == nil {
+			_, err = srv.Write(append([]byte("reply to "), req...))
+		}
+		served <- errors.Join(err, srv.Close())
+	}()
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
+	got, err := io.ReadAll(c)
+	require.NoError(t, err)
+	require.Equal(t, "reply to request", string(got))
+	require.NoError(t, <-served)
+}
+
 // TestProxyClose: Close closes every connection and stops listening;
 // TestMain's leak check proves that its goroutines have exited. A second
 // Close does nothing.
