@@ -64,7 +64,11 @@ func BenchmarkDeliver(b *testing.B) {
 				}
 			}()
 			for got := 0; got < b.N*per; { // a consumer that is behind may take several responses in one
-				got += len((<-w.Responses()).Events)
+				r, ok := <-w.Responses()
+				if !ok {
+					b.Fatal(w.Err())
+				}
+				got += len(r.Events)
 			}
 			b.ReportMetric(float64(b.N*per)/b.Elapsed().Seconds(), "events/s")
 		})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"google.golang.org/grpc"
@@ -105,9 +106,24 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // error wrapping ErrStreamFailed whose gRPC code is ResourceExhausted, as
 // clientv3 ends its watches. A create above a grpc.MaxCallSendMsgSize here
 // (or above the server's limit) is refused, that watch alone, with a
-// *ServerError matching ErrInvalidRequest. Default: none.
+// *ServerError matching ErrInvalidRequest; so is one within a few bytes of
+// the limit when it is created again from its next revision, whose
+// encoding is longer. Default: none.
 func WithCallOptions(opts ...grpc.CallOption) Option {
 	return func(o *options) { o.callOptions = append(o.callOptions, opts...) }
+}
+
+// recvLimit is the Stream's receive limit: the last
+// grpc.MaxCallRecvMsgSize of its call options, else none (math.MaxInt32,
+// as grpcOpener sets).
+func (o *options) recvLimit() int {
+	limit := math.MaxInt32
+	for _, c := range o.callOptions {
+		if m, ok := c.(grpc.MaxRecvMsgSizeCallOption); ok {
+			limit = m.MaxRecvMsgSize
+		}
+	}
+	return limit
 }
 
 // WithReconnectBackoff sets the delays before replacing a gRPC stream that

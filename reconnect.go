@@ -104,39 +104,77 @@ func (d *dispatcher) retryable(err error) bool {
 	return !rpcerr.Final(err) && !rpcerr.TooLarge(err)
 }
 
-// refuseTooLarge ends the watches whose creates in flight are larger than
-// the size limit err names, and reports whether there were any: the server
-// (or the Stream's own send limit, grpc.MaxCallSendMsgSize) refused one of
-// them, and ended the stream for it, which ends those watches alone, with a
-// *ServerError matching ErrInvalidRequest; the others go on on a new
-// stream. With none, the limit is the Stream's own receive limit, and the
-// response that broke it would break it again: err is final.
+// refuseTooLarge ends the watch whose create broke a message-size limit
+// and so ended the stream (err), and reports whether it found it: the
+// others go on on a new stream, and it ends alone, with a *ServerError
+// matching ErrInvalidRequest, as a refused create does. Without one, the
+// limit was the Stream's own receive limit, which the response that broke
+// it would break again: err is final.
 func (d *dispatcher) refuseTooLarge(err error) bool {
-	limit, ok := rpcerr.SizeLimit(err)
-	if !ok {
+	w := d.oversized(err)
+	if w == nil {
 		return false
 	}
-	refused := false
-	d.pending.DeleteFunc(func(w *Watch) bool {
-		if d.createMessageSize(w) <= limit {
-			return false
-		}
-		refused = true
-		d.handleRefused(w, &ServerError{Reason: status.Convert(err).Message()})
-		return true
-	})
-	return refused
+	d.pending.DeleteFunc(func(p *Watch) bool { return p == w })
+	d.handleRefused(w, &ServerError{Reason: status.Convert(err).Message()})
+	return true
 }
 
-// createMessageSize is the size of the WatchRequest that sent w's create,
-// to within a byte: its start revision may have been w's own rather than
-// the next (see entry.start).
-func (d *dispatcher) createMessageSize(w *Watch) int {
-	r := wireRequest{kind: requestCreate, id: w.entry.reqID, watch: &w.req}
-	if !w.entry.is(fromNow) {
-		r.start = w.entry.rev + 1
+// oversized finds the create in flight that broke the size limit err
+// names, if one did. gRPC's send limit names the request it refused
+// (sendError). The server stops at the first message above its limit, so
+// the culprit is the first create, in the order sent, whose size is the
+// one the error gives; or, where it gives none (checked after
+// decompression), whose size is above the limit. A size that is none of
+// the creates' is a response's, over the Stream's own receive limit;
+// unless the limit is not that one: then the message was compressed, and
+// the first create above the limit is taken for it.
+func (d *dispatcher) oversized(err error) *Watch {
+	size, limit, ok := rpcerr.Sizes(err)
+	if !ok {
+		return nil
 	}
-	return createMessageSize(r.createSize())
+	var unsent *sendError
+	if errors.As(err, &unsent) {
+		if unsent.kind != requestCreate {
+			return nil
+		}
+		return d.firstPending(func(w *Watch) bool { return w.entry.reqID == unsent.id })
+	}
+	if w := d.firstPending(func(w *Watch) bool {
+		lo, hi := d.createMessageSizes(w)
+		return size == lo || size == hi || (size < 0 && hi > limit)
+	}); w != nil || limit == d.s.opts.recvLimit() {
+		return w
+	}
+	return d.firstPending(func(w *Watch) bool { _, hi := d.createMessageSizes(w); return hi > limit })
+}
+
+// firstPending returns the first create in flight, in the order sent, for
+// which match holds.
+func (d *dispatcher) firstPending(match func(*Watch) bool) *Watch {
+	for w := range d.pending.All() {
+		if match(w) {
+			return w
+		}
+	}
+	return nil
+}
+
+// createMessageSizes are the sizes the WatchRequest that sent w's create
+// can have had: its start revision was w's own or the next (see
+// entry.start), whose encodings may differ by a byte.
+func (d *dispatcher) createMessageSizes(w *Watch) (lo, hi int) {
+	r := wireRequest{kind: requestCreate, id: w.entry.reqID, watch: &w.req}
+	if w.entry.is(fromNow) {
+		n := createMessageSize(r.createSize())
+		return n, n
+	}
+	r.start = w.entry.rev
+	lo = createMessageSize(r.createSize())
+	r.start++
+	hi = createMessageSize(r.createSize())
+	return min(lo, hi), max(lo, hi)
 }
 
 // requeueAll puts every watch that had or awaited a server-side watch back in

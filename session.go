@@ -241,6 +241,17 @@ func (s *session) took(n int) {
 
 // sendLoop writes batches until ctx ends. A Send that fails with io.EOF means
 // the stream is gone; Recv then reports why, so sendLoop returns nil for it.
+// sendError is a request the stream would not send (gRPC's send limit,
+// say), and why: the error that ends its session.
+type sendError struct {
+	kind requestKind
+	id   int64 // the request's id: a create's, the watch a cancel is for
+	err  error
+}
+
+func (e *sendError) Error() string { return e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
+
 func (s *session) sendLoop(ws wireStream) error {
 	for {
 		select {
@@ -250,7 +261,7 @@ func (s *session) sendLoop(ws wireStream) error {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
-					return err
+					return &sendError{kind: batch[i].kind, id: batch[i].id, err: err}
 				}
 			}
 		case <-s.ctx.Done():

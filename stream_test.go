@@ -661,7 +661,10 @@ func TestConcurrentWatchersAndCancels(t *testing.T) {
 				if !assert.NoError(t, err) {
 					return
 				}
-				r := <-w.Responses()
+				r, ok := <-w.Responses()
+				if !assert.True(t, ok, "watch ended: %v", w.Err()) || !assert.Len(t, r.Events, 1) {
+					return
+				}
 				assert.Equal(t, key, string(r.Events[0].Key))
 				w.Cancel()
 			}

@@ -73,7 +73,12 @@
 //     response with CancelReason "etcdserver: no leader"; clientv3's has
 //     none. Err is ErrNoLeader with both.
 //   - A refusal ends only its own watch; clientv3 keeps the refusal as its
-//     stream's error and may send it to other watches on that stream.
+//     stream's error and may send it to other watches on that stream. So
+//     does a create larger than the server or grpc.MaxCallSendMsgSize
+//     accepts: gRPC ends the whole stream for it, with ResourceExhausted,
+//     which clientv3 passes to every watch of the stream; here that watch
+//     alone gets a final response whose Err says so, and the others resume
+//     on a new stream.
 //   - The created notification's header carries the revision only, the
 //     store's when the server created the watch (as clientv3's, whatever
 //     WithRev says); its cluster, member and term are zero, where clientv3

@@ -59,7 +59,9 @@ func Example() {
 	if _, err := pb.NewKVClient(conn).Put(ctx, &pb.PutRequest{Key: []byte("app/color"), Value: []byte("blue")}); err != nil {
 		log.Fatal(err)
 	}
-	<-w.Responses()
+	if _, ok := <-w.Responses(); !ok {
+		log.Fatal(w.Err()) // the watch ended: why
+	}
 
 	web := httptest.NewServer(mux)
 	defer web.Close()

@@ -130,8 +130,10 @@ func (p *Proxy) SetDelay(d time.Duration) {
 // Blackhole makes every open connection silently stop carrying bytes in
 // either direction, as when a firewall or NAT forgets a flow: the
 // connections stay open and nothing reports an error, not even the target
-// closing its side (a member stopped or restarted). New connections are
-// not affected. It returns how many connections it blackholed.
+// closing its side (a member stopped or restarted), nor the client closing
+// its own: both ends stay open until Cut or Close, as a server's streams
+// do behind a real blackhole until its keepalive gives up. New connections
+// are not affected. It returns how many connections it blackholed.
 func (p *Proxy) Blackhole() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -135,7 +135,11 @@ func newStreamFeed(b *testing.B, per int) *applyFeed {
 	f := newFeed(srv, c.WatchId, per)
 	f.consume = func(b *testing.B, n int) {
 		for got := 0; got < n; { // a consumer that is behind may take several responses in one
-			got += len((<-w.Responses()).Events)
+			r, ok := <-w.Responses()
+			if !ok {
+				b.Fatal(w.Err())
+			}
+			got += len(r.Events)
 		}
 	}
 	return f

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,9 +15,11 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding/gzip"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
+	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
 // collect reads a watch's events in a goroutine until stop is closed and
@@ -342,6 +347,9 @@ func TestOversizedCreateEndsItsWatchAlone(t *testing.T) {
 		opts []etcdwatch.Option
 	}{
 		{"server's limit", maxRequestBytes + 1<<20, nil},
+		// Compressed, it passes the server's first check and breaks the
+		// one after decompression, whose text gives no size.
+		{"server's limit, compressed", maxRequestBytes + 1<<20, []etcdwatch.Option{etcdwatch.WithCallOptions(grpc.UseCompressor(gzip.Name))}},
 		{"own send limit", 4 << 10, []etcdwatch.Option{etcdwatch.WithCallOptions(grpc.MaxCallSendMsgSize(2 << 10))}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -377,6 +385,60 @@ func TestOversizedCreateEndsItsWatchAlone(t *testing.T) {
 			require.Positive(t, s.Stats().Reconnects, "the refusals ended streams")
 		})
 	}
+}
+
+// TestOversizedCreateIsTheOneNotSent: with compression, a create's size
+// on the wire is not its size, so the create that broke gRPC's send limit
+// is the one gRPC would not send, whatever the others' sizes: here a
+// compressible 8 KiB key goes out under a 2 KiB limit, and a random one of
+// the same size, sent after it in the same call, does not. Catches: every
+// create in flight above the limit in plain size refused with it.
+func TestOversizedCreateIsTheOneNotSent(t *testing.T) {
+	leakCheck(t)
+	c := ctx(t)
+	s := open(t, etcdwatch.WithCallOptions(grpc.UseCompressor(gzip.Name), grpc.MaxCallSendMsgSize(2<<10)))
+	healthy, err := s.Watch(c, etcdwatch.Key("oversent/healthy"))
+	require.NoError(t, err)
+	compressible := etcdwatch.Key("oversent/" + strings.Repeat("k", 8<<10))
+	random := make([]byte, 8<<10)
+	for i := range random {
+		random[i] = byte('a' + rand.IntN(26))
+	}
+	_, err = s.WatchAll(c, compressible, etcdwatch.Key("oversent/"+string(random)))
+	var re *etcdwatch.RequestError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, 1, re.Index, "the random key, which gRPC would not send: %v", err)
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+	w, err := s.Watch(c, compressible)
+	require.NoError(t, err, "the compressible key goes out")
+	w.Cancel()
+	require.NoError(t, healthy.Err())
+}
+
+// TestOwnReceiveLimitIsFinalBesideABigCreate: a response above the
+// Stream's own receive limit (grpc.MaxCallRecvMsgSize) ends its watches
+// for good, as WithCallOptions says, even while a create above that limit
+// (far below the server's) is in flight. Catches: that create taken for
+// one the server refused, ended with ErrInvalidRequest, and the stream
+// replaced, to meet the same response again.
+func TestOwnReceiveLimitIsFinalBesideABigCreate(t *testing.T) {
+	leakCheck(t)
+	kv, c := client(t), ctx(t)
+	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
+	s := openOn(t, []string{proxy.Addr()}, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(64<<10)))
+	w, err := s.Watch(c, etcdwatch.Key("ownlimit/value"))
+	require.NoError(t, err)
+	proxy.SetDelay(300 * time.Millisecond) // the event comes while the create below is in flight
+	_, err = kv.Put(c, "ownlimit/value", strings.Repeat("v", 100<<10))
+	require.NoError(t, err)
+	_, err = s.Watch(c, etcdwatch.Key("ownlimit/"+strings.Repeat("k", 80<<10)))
+	proxy.SetDelay(0)
+	var se *etcdwatch.ServerError
+	require.False(t, errors.As(err, &se), "the server refused nothing: %v", err)
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	<-w.Done()
+	require.ErrorIs(t, w.Err(), etcdwatch.ErrStreamFailed)
+	require.Zero(t, s.Stats().Reconnects, "the Stream's own receive limit is final")
 }
 
 // TestRequestProgress: the answer covers every write made before the call,

@@ -39,20 +39,25 @@ func TooLarge(err error) bool {
 	return ok && s.Code() == codes.ResourceExhausted && strings.Contains(s.Message(), "larger than max")
 }
 
-// SizeLimit returns the limit a message broke when err is gRPC refusing
-// one as too large: a receiver's (grpc: received message larger than max
-// (X vs. Y)), the server's or the client's own, or the client's send
-// limit (grpc: trying to send message larger than max (X vs. Y)).
-func SizeLimit(err error) (limit int, ok bool) {
+// Sizes returns what a message broke when err is gRPC refusing one as too
+// large: its size, or -1 when the text does not say (after decompression),
+// and the limit. The texts: "received message larger than max (X vs. Y)"
+// (a receiver's limit, the server's or the client's own), "received
+// message after decompression larger than max Y", and "trying to send
+// message larger than max (X vs. Y)" (the client's send limit).
+func Sizes(err error) (size, limit int, ok bool) {
 	if !TooLarge(err) {
-		return 0, false
+		return 0, 0, false
 	}
 	msg := status.Convert(err).Message()
-	var size int
-	if _, err := fmt.Sscanf(msg[strings.Index(msg, "larger than max")+len("larger than max"):], " (%d vs. %d)", &size, &limit); err != nil {
-		return 0, false
+	rest := msg[strings.Index(msg, "larger than max")+len("larger than max"):]
+	if _, err := fmt.Sscanf(rest, " (%d vs. %d)", &size, &limit); err == nil {
+		return size, limit, true
 	}
-	return limit, true
+	if _, err := fmt.Sscanf(rest, " %d", &limit); err == nil {
+		return -1, limit, true
+	}
+	return 0, 0, false
 }
 
 // Kind is what a server's cancel reason means.

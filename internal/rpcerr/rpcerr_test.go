@@ -65,22 +65,23 @@ func TestTooLarge(t *testing.T) {
 	}
 }
 
-func TestSizeLimit(t *testing.T) {
+func TestSizes(t *testing.T) {
 	for _, tc := range []struct {
-		err   error
-		limit int
-		ok    bool
+		err         error
+		size, limit int
+		ok          bool
 	}{
-		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max (4718608 vs. 4194304)"), 4194304, true},
-		{status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (2000 vs. 1000)"), 1000, true},
-		{fmt.Errorf("wrapped: %w", status.Error(codes.ResourceExhausted, "grpc: received message larger than max (2 vs. 1)")), 1, true},
-		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max"), 0, false}, // no sizes
-		{status.Error(codes.ResourceExhausted, "etcdserver: too many requests"), 0, false},
-		{status.Error(codes.Unavailable, "grpc: received message larger than max (2 vs. 1)"), 0, false},
-		{errors.New("larger than max (2 vs. 1)"), 0, false},
+		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max (4718608 vs. 4194304)"), 4718608, 4194304, true},
+		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (2000 vs. 1000)"), 2000, 1000, true},
+		{status.Error(codes.ResourceExhausted, "grpc: received message after decompression larger than max 4194304"), -1, 4194304, true},
+		{fmt.Errorf("wrapped: %w", status.Error(codes.ResourceExhausted, "grpc: received message larger than max (2 vs. 1)")), 2, 1, true},
+		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max"), 0, 0, false}, // no sizes
+		{status.Error(codes.ResourceExhausted, "etcdserver: too many requests"), 0, 0, false},
+		{status.Error(codes.Unavailable, "grpc: received message larger than max (2 vs. 1)"), 0, 0, false},
+		{errors.New("larger than max (2 vs. 1)"), 0, 0, false},
 	} {
-		if limit, ok := SizeLimit(tc.err); limit != tc.limit || ok != tc.ok {
-			t.Errorf("SizeLimit(%v) = %d, %v; want %d, %v", tc.err, limit, ok, tc.limit, tc.ok)
+		if size, limit, ok := Sizes(tc.err); size != tc.size || limit != tc.limit || ok != tc.ok {
+			t.Errorf("Sizes(%v) = %d, %d, %v; want %d, %d, %v", tc.err, size, limit, ok, tc.size, tc.limit, tc.ok)
 		}
 	}
 }
