@@ -315,6 +315,9 @@ func (v *View[T]) Share() *View[T] {
 // first.
 func (v *View[T]) endedCopy() *View[T] {
 	cause := context.Cause(v.ctx)
+	if cause == ErrClosed {
+		<-v.done // a Close under way keeps v's state first (last); the state's end closes it too
+	}
 	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed}
 	u.last.Store(v.last.Load()) // v's closed state, if v was closed while its state went on
 	u.ctx, u.cancel = context.WithCancelCause(context.Background())

@@ -860,6 +860,37 @@ func TestViewShare(t *testing.T) {
 	require.NoError(t, vb.WaitForRevision(ctx(t), rev), "closing one New ended another")
 }
 
+// TestShareOfAClosingViewIsClosedAlike: Share of a View whose Close is
+// under way returns a View ended as it is, which answers from the state
+// the Close left, not from the state that another View keeps going.
+// Catches: the copy made between Close's cancel and its keeping of the
+// state, which followed the live state.
+func TestShareOfAClosingViewIsClosedAlike(t *testing.T) {
+	leakCheck(t)
+	kv := client(t)
+	prefix := unique("view-share-closing")
+	deleteWhenDone(t, kv, prefix)
+	keep := newView(t, open(t), etcdwatch.Prefix(prefix), view.DecodeBytes)
+	for i := range 50 {
+		v := keep.View.Share()
+		closed := make(chan struct{})
+		go func() { v.Close(); close(closed) }() // returns once v's state is kept
+		var u *view.View[[]byte]
+		for u == nil { // Share until it catches v closing
+			if c := v.Share(); c.Err() != nil {
+				u = c
+			} else {
+				c.Close()
+			}
+		}
+		<-closed
+		rev := put(t, kv, prefix+"k", strconv.Itoa(i))
+		require.NoError(t, keep.WaitForRevision(ctx(t), rev))
+		require.ErrorIs(t, u.Err(), view.ErrClosed)
+		require.Equal(t, v.Revision(), u.Revision(), "round %d: the Share of the closed View answers from the live state, at %d", i, keep.Revision())
+	}
+}
+
 // TestViewIntegrityCheck compares the view with the server every 50ms while
 // writes go on. Catches: checks that never run, and checks that compare
 // with the wrong revision (false mismatches, needless relists).
