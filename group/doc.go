@@ -17,7 +17,8 @@
 //	v, err := view.New(ctx, g, etcdwatch.Prefix("config/"), view.DecodeBytes)
 //
 // Dial puts one Stream on each member, each on a connection of its own
-// that moves to the next member when its own fails. New puts several on a
+// that moves to the next member when its own fails (and stays there: see
+// Dial). New puts several on a
 // connection the caller has, where its balancer sends them: often all on
 // one member (see New), so that they keep their watches apart but fail
 // together.

@@ -107,6 +107,15 @@ const pickFirst = `{"loadBalancingConfig": [{"pick_first": {}}]}`
 // own revisions; it stays there until that member fails in turn. With more
 // Streams than endpoints, Stream i is on member i modulo their number.
 //
+// It does not go back: once member i is up again, Stream i stays where it
+// moved, so after a member's restart (a rolling restart, or Dial while a
+// member is down) two Streams share a member and one member has none,
+// until the one they share fails; Streams' Member tells where each is.
+// And pick_first moves on only when the connection fails, not when its
+// member refuses streams for want of a leader (WithRequireLeader): the
+// Stream's watches then wait for that member's leader, while placement
+// sends new watches to the other Streams.
+//
 // Endpoints are as dial.New takes them. Close closes the connections.
 func Dial(endpoints []string, opts ...Option) (*Group, error) {
 	if len(endpoints) == 0 {
