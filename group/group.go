@@ -40,6 +40,10 @@ type Group struct {
 	rest   etcdwatch.State
 	closed bool // Close has begun: nothing more opens; guarded by mu
 
+	// What State and the pinned entry of Streams last reported, so that
+	// their Since moves only when Connected does (steady).
+	steadyAll, steadyPinned steady
+
 	// wg counts the goroutines the group starts: one per pinned Stream,
 	// closing it once its watch ends, and one per part of a multi-part
 	// call, each returning once its Stream has answered. Close waits for

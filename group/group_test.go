@@ -586,11 +586,11 @@ func TestOptions(t *testing.T) {
 	}
 }
 
-// TestPinnedStateOutlivesItsStreams: once its last pinned Stream has
-// closed, the pinned Streams' State reads connected since that Stream was,
-// not since the group began. Catches a Since that went back as pinned
-// Streams closed (etcdwatch_state_since_timestamp_seconds running
-// backwards).
+// TestPinnedStateOutlivesItsStreams: the pinned Streams' State reads
+// connected since the group began, while none is open, while one is, and
+// once it has closed: Connected never changed. Catches a Since that went
+// back as pinned Streams closed (etcdwatch_state_since_timestamp_seconds
+// running backwards), or moved to each pinned Stream's first answer.
 func TestPinnedStateOutlivesItsStreams(t *testing.T) {
 	f := serve(t)
 	g := newGroup(t, f, 1)
@@ -603,13 +603,42 @@ func TestPinnedStateOutlivesItsStreams(t *testing.T) {
 	require.NoError(t, err)
 	up := pinned()
 	require.True(t, up.Connected)
-	require.True(t, up.Since.After(began.Since), "the pinned Stream came up after the group began")
+	require.Equal(t, began.Since, up.Since, "a pinned Stream that joins changes no Connected")
+	q, err := g.WatchPinned(ctx(t), etcdwatch.Key("q")) // came up after p
+	require.NoError(t, err)
+	require.Equal(t, began.Since, pinned().Since)
+	q.Cancel()
+	<-q.Done()
 	p.Cancel()
 	<-p.Done()
-	require.NoError(t, g.Close()) // waits for the pinned Stream to close
+	require.NoError(t, g.Close()) // waits for the pinned Streams to close
 	after := pinned()
 	require.True(t, after.Connected, "none is down")
-	require.Equal(t, up.Since, after.Since, "connected since the pinned Stream came up")
+	require.Equal(t, began.Since, after.Since, "connected since the group began")
+}
+
+// TestGroupSinceStaysWhileConnected: the group's State.Since is when
+// Connected last changed, so a pinned Stream that joins (answered later
+// than the group's own) or leaves does not move it. Catches the later
+// Since of combine taken at each read: etcdwatch_state_since_timestamp_seconds
+// jumping forward at each WatchPinned (each relist of a view on the
+// group) and back as it closed.
+func TestGroupSinceStaysWhileConnected(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 1)
+	_, err := g.Watch(ctx(t), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	before := g.State()
+	require.True(t, before.Connected)
+	p, err := g.WatchPinned(ctx(t), etcdwatch.Key("p"))
+	require.NoError(t, err)
+	during := g.State()
+	require.True(t, during.Connected)
+	require.Equal(t, before.Since, during.Since, "a pinned Stream joined")
+	p.Cancel()
+	<-p.Done()
+	require.Eventually(t, func() bool { return g.Stats().Watches == 1 }, ws.Timeout, time.Millisecond)
+	require.Equal(t, before.Since, g.State().Since, "a pinned Stream left")
 }
 
 // TestRequestProgressLeavesOutAFailedStream: a Stream of the group that

@@ -1,6 +1,7 @@
 package group
 
 import (
+	"sync"
 	"time"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -22,8 +23,10 @@ type StreamInfo struct {
 	Stats etcdwatch.Stats
 	// State is the Stream's state. For the pinned Streams together, it is
 	// connected while every pinned Stream open now is, and when none is;
-	// its Since does not go back as pinned Streams close, and its last
-	// error is the latest of any pinned Stream's, those closed included.
+	// its Since is when that last changed, as Streams saw it (pinned
+	// Streams opening and closing move it no more than a blip between two
+	// calls), and its last error is the latest of any pinned Stream's,
+	// those closed included.
 	State etcdwatch.State
 }
 
@@ -43,7 +46,7 @@ func (g *Group) Streams() []StreamInfo {
 	for sl := range g.pinned {
 		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
 	}
-	pinned.State = g.pinnedState()
+	pinned.State = g.steadyPinned.keep(g.pinnedState(), time.Time{})
 	return append(out, pinned)
 }
 
@@ -108,8 +111,9 @@ func (g *Group) Stats() etcdwatch.Stats {
 // State returns the group's Streams' State together, pinned ones
 // included once their servers have answered (see opening) and until their
 // watches end (a pinned Stream closing is no failure): connected while
-// every one that counts is, since that last changed (see combine), and
-// the latest error of any. Of the group's own Streams, one with no watch
+// every one that counts is, since that last changed as State saw it (a
+// pinned Stream joining or leaving changes nothing; see steady), and the
+// latest error of any. Of the group's own Streams, one with no watch
 // whose server has not answered yet (asked nothing: fewer watches than
 // Streams, or views alone, whose watches are pinned) counts by its errors
 // only, and so does one that failed for good, which placement leaves
@@ -133,6 +137,7 @@ func (g *Group) State() etcdwatch.State {
 			st, counted = s, true
 		}
 	}
+	var ownUp time.Time // the latest an own Stream that counts came up
 	for i, sl := range g.own {
 		s := sl.stream.State()
 		switch {
@@ -145,6 +150,9 @@ func (g *Group) State() etcdwatch.State {
 			byError = append(byError, s)
 		} else {
 			join(s)
+			if s.Connected && s.Since.After(ownUp) {
+				ownUp = s.Since
+			}
 		}
 	}
 	g.mu.Lock()
@@ -166,6 +174,33 @@ func (g *Group) State() etcdwatch.State {
 		failed = nil
 	}
 	st.Failed = failed
+	return g.steadyAll.keep(st, ownUp)
+}
+
+// steady keeps a State made of several Streams' (combine) from moving its
+// Since while its Connected does not change: a pinned Stream that joins,
+// answered later than the others, or leaves, is no change of the
+// group's. It sees the State only when read, so a blip between two reads
+// (down and up again) shows only where an own Stream came up again after
+// the Since kept (up, given to keep); a pinned Stream's is not seen. The
+// zero value is ready. Safe for concurrent use.
+type steady struct {
+	mu        sync.Mutex
+	seen      bool
+	connected bool
+	since     time.Time
+}
+
+// keep returns st with the Since it had when Connected last changed, as
+// this steady saw it.
+func (k *steady) keep(st etcdwatch.State, up time.Time) etcdwatch.State {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.seen && st.Connected == k.connected && !(st.Connected && up.After(k.since)) {
+		st.Since = k.since
+		return st
+	}
+	k.seen, k.connected, k.since = true, st.Connected, st.Since
 	return st
 }
 
