@@ -166,6 +166,23 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 	h.await(func() bool { return !h.s.State().Connected }, "the isolated stream's end noticed")
 }
 
+// TestStateSinceStaysWhenTheIsolatedLaneJoins: State.Since is when
+// Connected last changed, so the isolated lane's stream answering later
+// than the main one (a Stream's first view) does not move it. Catches the
+// later of the two Sinces taken at each read:
+// etcdwatch_state_since_timestamp_seconds jumping at a Stream's first view
+// though it never disconnected.
+func TestStateSinceStaysWhenTheIsolatedLaneJoins(t *testing.T) {
+	h := newHarness(t)
+	h.watch(etcdwatch.Key("m"), 5)
+	before := h.s.State()
+	require.True(t, before.Connected)
+	h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	after := h.s.State()
+	require.True(t, after.Connected)
+	require.Equal(t, before.Since, after.Since)
+}
+
 // TestProgressLeavesOutALaneThatFailed: the main gRPC stream fails for good
 // (a response above the receive limit), ending its watches; the isolated
 // one goes on. Stream.RequestProgress answers for the isolated watches, as

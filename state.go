@@ -18,7 +18,9 @@ type State struct {
 	// carrying packets Connected turns false then, and stays false until a
 	// server answers again: it is the Stream's health signal.
 	Connected bool
-	// Since is when Connected last changed; Open's time at first.
+	// Since is when Connected last changed; Open's time at first. The
+	// isolated watches' stream joining later, answered after the main one,
+	// is no change (a blip of it between two calls of State is not seen).
 	Since time.Time
 	// LastError is the last error that ended a stream or kept one from
 	// opening (a refused connection, a failed TLS handshake, a member

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+
+	"github.com/etcdwatch/etcdwatch/internal/health"
 )
 
 // Stream is one etcd Watch stream carrying any number of watches. A single
@@ -33,6 +35,7 @@ type Stream struct {
 	hooks   *hooks                  // a test's; nil otherwise
 	stats   counters                // every lane's
 	main    *lane                   // the watches that are not isolated
+	steady  health.Steady           // what State last reported, so that its Since moves only when Connected does
 
 	mu       sync.Mutex
 	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
@@ -347,6 +350,10 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // idle stream.
 func (s *Stream) State() State {
 	st, mainOpening, mainAsked := s.main.state.opening()
+	var up time.Time // when the main lane came up, if it counts: a blip of its own moves Since
+	if st.Connected {
+		up = st.Since
+	}
 	if iso := s.isolatedLane(false); iso != nil {
 		ist, opening, _ := iso.state.opening()
 		switch {
@@ -354,11 +361,12 @@ func (s *Stream) State() State {
 			st = laterError(st, ist)
 		case opening:
 		case mainOpening && !mainAsked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
-			st = ist
+			st, up = ist, time.Time{}
 		default:
 			st = combine(st, ist)
 		}
 	}
+	st.Since = s.steady.Keep(st.Connected, st.Since, up) // an isolated lane that joins, answered later, changes no Connected
 	return st
 }
 

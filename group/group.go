@@ -16,6 +16,7 @@ import (
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/internal/clock"
+	"github.com/etcdwatch/etcdwatch/internal/health"
 	"github.com/etcdwatch/etcdwatch/view"
 )
 
@@ -41,8 +42,8 @@ type Group struct {
 	closed bool // Close has begun: nothing more opens; guarded by mu
 
 	// What State and the pinned entry of Streams last reported, so that
-	// their Since moves only when Connected does (steady).
-	steadyAll, steadyPinned steady
+	// their Since moves only when Connected does.
+	steadyAll, steadyPinned health.Steady
 
 	// wg counts the goroutines the group starts: one per pinned Stream,
 	// closing it once its watch ends, and one per part of a multi-part

@@ -1,7 +1,6 @@
 package group
 
 import (
-	"sync"
 	"time"
 
 	"github.com/etcdwatch/etcdwatch"
@@ -46,7 +45,8 @@ func (g *Group) Streams() []StreamInfo {
 	for sl := range g.pinned {
 		pinned.Stats = add(pinned.Stats, sl.stream.Stats())
 	}
-	pinned.State = g.steadyPinned.keep(g.pinnedState(), time.Time{})
+	pinned.State = g.pinnedState()
+	pinned.State.Since = g.steadyPinned.Keep(pinned.State.Connected, pinned.State.Since, time.Time{})
 	return append(out, pinned)
 }
 
@@ -112,7 +112,7 @@ func (g *Group) Stats() etcdwatch.Stats {
 // included once their servers have answered (see opening) and until their
 // watches end (a pinned Stream closing is no failure): connected while
 // every one that counts is, since that last changed as State saw it (a
-// pinned Stream joining or leaving changes nothing; see steady), and the
+// pinned Stream joining or leaving changes nothing; see health.Steady), and the
 // latest error of any. Of the group's own Streams, one with no watch
 // whose server has not answered yet (asked nothing: fewer watches than
 // Streams, or views alone, whose watches are pinned) counts by its errors
@@ -174,33 +174,7 @@ func (g *Group) State() etcdwatch.State {
 		failed = nil
 	}
 	st.Failed = failed
-	return g.steadyAll.keep(st, ownUp)
-}
-
-// steady keeps a State made of several Streams' (combine) from moving its
-// Since while its Connected does not change: a pinned Stream that joins,
-// answered later than the others, or leaves, is no change of the
-// group's. It sees the State only when read, so a blip between two reads
-// (down and up again) shows only where an own Stream came up again after
-// the Since kept (up, given to keep); a pinned Stream's is not seen. The
-// zero value is ready. Safe for concurrent use.
-type steady struct {
-	mu        sync.Mutex
-	seen      bool
-	connected bool
-	since     time.Time
-}
-
-// keep returns st with the Since it had when Connected last changed, as
-// this steady saw it.
-func (k *steady) keep(st etcdwatch.State, up time.Time) etcdwatch.State {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.seen && st.Connected == k.connected && !(st.Connected && up.After(k.since)) {
-		st.Since = k.since
-		return st
-	}
-	k.seen, k.connected, k.since = true, st.Connected, st.Since
+	st.Since = g.steadyAll.Keep(st.Connected, st.Since, ownUp)
 	return st
 }
 

@@ -33,3 +33,34 @@ func TestSince(t *testing.T) {
 		}
 	}
 }
+
+// TestSteady: Since moves only when connected changes, or when a stream
+// whose blips count came up after the Since kept. Catches a Since that
+// follows every read (a stream joining moved it) or none.
+func TestSteady(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	var k Steady
+	for i, step := range []struct {
+		up        bool
+		since, by int // by: a counted stream up since then; -1 none
+		want      int
+	}{
+		{true, 1, -1, 1}, // first read
+		{true, 3, -1, 1}, // a stream joined, up since 3: no change
+		{true, 1, 1, 1},  // it left
+		{false, 4, -1, 4},
+		{false, 5, -1, 4}, // another went down too
+		{true, 6, 6, 6},   // all up again
+		{true, 9, 9, 9},   // a counted stream came up at 9: it went down and up between reads
+		{true, 12, 2, 9},  // a stream up since 12 joined; the counted one is up since 2
+	} {
+		up := time.Time{}
+		if step.by >= 0 {
+			up = at(step.by)
+		}
+		if got := k.Keep(step.up, at(step.since), up); !got.Equal(at(step.want)) {
+			t.Fatalf("step %d: since %v, want %v", i, got.Sub(t0), at(step.want).Sub(t0))
+		}
+	}
+}
