@@ -34,7 +34,9 @@ var _ prometheus.Collector = (*GroupCollector)(nil)
 // ones included, so that they never fall): the same metrics as New's,
 // with the same label, so that Streams of groups and single Streams can
 // share a registry and a dashboard. sum by () over stream=~"name/.*" is
-// the group's total, as group.Group.Stats is.
+// the group's total for the counters and the watch gauges, as
+// group.Group.Stats is; for the revision and the last message's time,
+// take max by () instead, as Stats does.
 //
 // One more metric says where each of the group's own Streams is:
 //
