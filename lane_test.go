@@ -175,12 +175,33 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 func TestStateSinceStaysWhenTheIsolatedLaneJoins(t *testing.T) {
 	h := newHarness(t)
 	h.watch(etcdwatch.Key("m"), 5)
+	mainUp := time.Now()
+	h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	st := h.s.State() // the first read, after the join
+	require.True(t, st.Connected)
+	require.True(t, st.Since.Before(mainUp), "Since %v is the isolated lane's answer, not the main one's", st.Since)
+	require.Equal(t, st.Since, h.s.State().Since)
+}
+
+// TestStateSinceMovesAtABlipOfTheOnlyLane: a Stream of views alone is
+// connected by its isolated lane; that lane going down and up again, even
+// between two reads of State, moves Since. Catches the joining rule (see
+// TestStateSinceStaysWhenTheIsolatedLaneJoins) applied to a lane that is
+// the whole Stream.
+func TestStateSinceMovesAtABlipOfTheOnlyLane(t *testing.T) {
+	h := newHarness(t)
+	w, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
 	before := h.s.State()
 	require.True(t, before.Connected)
-	h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	iso.Close(status.Error(codes.Unavailable, "member going away"))
+	again := h.server.Accept(t)
+	c := again.RecvCreate(t)
+	again.Send(t, ws.Created(c.WatchId, 5))
+	again.Send(t, ws.Events(c.WatchId, 6, ws.Put("v/a", "1", 6)))
+	next(t, w)
 	after := h.s.State()
 	require.True(t, after.Connected)
-	require.Equal(t, before.Since, after.Since)
+	require.True(t, after.Since.After(before.Since), "down and up again, Since stayed at %v", after.Since)
 }
 
 // TestProgressLeavesOutALaneThatFailed: the main gRPC stream fails for good

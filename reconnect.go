@@ -58,12 +58,13 @@ func (d *dispatcher) handleSessionEnd() {
 		d.pause(w) // its server-side watch is gone; it is re-created once its consumer catches up
 	}
 	d.sess.close()
+	unsent := d.sess.unsent
 	d.sess = nil
 	d.discard = false
 	d.live.Stop()
 	now := d.clock.Now()
 	d.l.state.ended(err, d.sessHeard, now)
-	if !d.retryable(err) && !d.refuseTooLarge(err) {
+	if !d.retryable(err) && !d.refuseTooLarge(err, unsent) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
@@ -110,8 +111,8 @@ func (d *dispatcher) retryable(err error) bool {
 // matching ErrInvalidRequest, as a refused create does. Without one, the
 // limit was the Stream's own receive limit, which the response that broke
 // it would break again: err is final.
-func (d *dispatcher) refuseTooLarge(err error) bool {
-	w := d.oversized(err)
+func (d *dispatcher) refuseTooLarge(err error, unsent wireRequest) bool {
+	w := d.oversized(err, unsent)
 	if w == nil {
 		return false
 	}
@@ -121,21 +122,20 @@ func (d *dispatcher) refuseTooLarge(err error) bool {
 }
 
 // oversized finds the create in flight that broke the size limit err
-// names, if one did. gRPC's send limit names the request it refused
-// (sendError). The server stops at the first message above its limit, so
-// the culprit is the first create, in the order sent, whose size is the
-// one the error gives; or, where it gives none (checked after
-// decompression), whose size is above the limit. A size that is none of
-// the creates' is a response's, over the Stream's own receive limit;
-// unless the limit is not that one: then the message was compressed, and
-// the first create above the limit is taken for it.
-func (d *dispatcher) oversized(err error) *Watch {
+// names, if one did. What gRPC's send limit refused, the session names
+// (unsent). The server stops at the first message above its limit, so the
+// culprit is the first create, in the order sent, whose size is the one
+// the error gives. A limit that is the Stream's own receive limit allows
+// only that exact match: anything else is a response over it, final. Any
+// other limit is the server's: where the error gives no size (checked
+// after decompression), or a size none of the creates has (compressed),
+// the first create above it is taken for the culprit.
+func (d *dispatcher) oversized(err error, unsent wireRequest) *Watch {
 	size, limit, ok := rpcerr.Sizes(err)
-	if !ok {
+	switch {
+	case !ok:
 		return nil
-	}
-	var unsent *sendError
-	if errors.As(err, &unsent) {
+	case unsent.kind != 0:
 		if unsent.kind != requestCreate {
 			return nil
 		}
@@ -143,7 +143,7 @@ func (d *dispatcher) oversized(err error) *Watch {
 	}
 	if w := d.firstPending(func(w *Watch) bool {
 		lo, hi := d.createMessageSizes(w)
-		return size == lo || size == hi || (size < 0 && hi > limit)
+		return size == lo || size == hi
 	}); w != nil || limit == d.s.opts.recvLimit() {
 		return w
 	}

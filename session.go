@@ -92,6 +92,7 @@ type session struct {
 	dead   chan struct{}      // closed by exit
 	opened chan struct{}      // closed by recvLoop once the stream is open
 	err    error              // why the session ended; read after dead is closed
+	unsent wireRequest        // the request Send refused, if one was (kind 0 otherwise); sendLoop's, read after close
 	ahead  atomic.Int64       // bytes of the big messages in recv
 	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
 	hooks  *hooks             // a test's; nil otherwise
@@ -241,17 +242,6 @@ func (s *session) took(n int) {
 
 // sendLoop writes batches until ctx ends. A Send that fails with io.EOF means
 // the stream is gone; Recv then reports why, so sendLoop returns nil for it.
-// sendError is a request the stream would not send (gRPC's send limit,
-// say), and why: the error that ends its session.
-type sendError struct {
-	kind requestKind
-	id   int64 // the request's id: a create's, the watch a cancel is for
-	err  error
-}
-
-func (e *sendError) Error() string { return e.err.Error() }
-func (e *sendError) Unwrap() error { return e.err }
-
 func (s *session) sendLoop(ws wireStream) error {
 	for {
 		select {
@@ -261,7 +251,8 @@ func (s *session) sendLoop(ws wireStream) error {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
-					return &sendError{kind: batch[i].kind, id: batch[i].id, err: err}
+					s.unsent = batch[i] // before the error: whichever loop reports first, close orders this before its reader
+					return err
 				}
 			}
 		case <-s.ctx.Done():

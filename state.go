@@ -20,7 +20,7 @@ type State struct {
 	Connected bool
 	// Since is when Connected last changed; Open's time at first. The
 	// isolated watches' stream joining later, answered after the main one,
-	// is no change (a blip of it between two calls of State is not seen).
+	// is no change.
 	Since time.Time
 	// LastError is the last error that ended a stream or kept one from
 	// opening (a refused connection, a failed TLS handshake, a member

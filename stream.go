@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-
-	"github.com/etcdwatch/etcdwatch/internal/health"
 )
 
 // Stream is one etcd Watch stream carrying any number of watches. A single
@@ -35,7 +33,6 @@ type Stream struct {
 	hooks   *hooks                  // a test's; nil otherwise
 	stats   counters                // every lane's
 	main    *lane                   // the watches that are not isolated
-	steady  health.Steady           // what State last reported, so that its Since moves only when Connected does
 
 	mu       sync.Mutex
 	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
@@ -350,10 +347,6 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // idle stream.
 func (s *Stream) State() State {
 	st, mainOpening, mainAsked := s.main.state.opening()
-	var up time.Time // when the main lane came up, if it counts: a blip of its own moves Since
-	if st.Connected {
-		up = st.Since
-	}
 	if iso := s.isolatedLane(false); iso != nil {
 		ist, opening, _ := iso.state.opening()
 		switch {
@@ -361,12 +354,14 @@ func (s *Stream) State() State {
 			st = laterError(st, ist)
 		case opening:
 		case mainOpening && !mainAsked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
-			st, up = ist, time.Time{}
+			st = ist
+		case st.Connected && ist.Connected && ist.LastError == nil:
+			// It joined, answered after the main one, and has not gone down
+			// since: no change of Connected, so not of Since.
 		default:
 			st = combine(st, ist)
 		}
 	}
-	st.Since = s.steady.Keep(st.Connected, st.Since, up) // an isolated lane that joins, answered later, changes no Connected
 	return st
 }
 

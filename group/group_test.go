@@ -617,6 +617,25 @@ func TestPinnedStateOutlivesItsStreams(t *testing.T) {
 	require.Equal(t, began.Since, after.Since, "connected since the group began")
 }
 
+// TestGroupSinceStaysWhenAnIdleStreamJoins: an own Stream asked nothing
+// yet counts by its errors only; its first answer, when a watch is placed
+// on it, is no change of the group's Connected, nor of Since. Catches that
+// answer taken for a blip.
+func TestGroupSinceStaysWhenAnIdleStreamJoins(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2)
+	_, err := g.Watch(ctx(t), etcdwatch.Key("a"))
+	require.NoError(t, err)
+	before := g.State()
+	require.True(t, before.Connected)
+	_, err = g.Watch(ctx(t), etcdwatch.Key("b")) // on the other Stream
+	require.NoError(t, err)
+	require.Equal(t, 1, int(g.Streams()[1].Stats.Watches), "placed on the idle Stream")
+	after := g.State()
+	require.True(t, after.Connected)
+	require.Equal(t, before.Since, after.Since)
+}
+
 // TestGroupSinceStaysWhileConnected: the group's State.Since is when
 // Connected last changed, so a pinned Stream that joins (answered later
 // than the group's own) or leaves does not move it. Catches the later

@@ -137,7 +137,7 @@ func (g *Group) State() etcdwatch.State {
 			st, counted = s, true
 		}
 	}
-	var ownUp time.Time // the latest an own Stream that counts came up
+	var ownUp time.Time // the latest an own Stream that counts came up again after going down
 	for i, sl := range g.own {
 		s := sl.stream.State()
 		switch {
@@ -150,8 +150,8 @@ func (g *Group) State() etcdwatch.State {
 			byError = append(byError, s)
 		} else {
 			join(s)
-			if s.Connected && s.Since.After(ownUp) {
-				ownUp = s.Since
+			if s.Connected && s.LastError != nil && s.Since.After(ownUp) {
+				ownUp = s.Since // up again after an error: a blip, where a Stream's first answer is only its joining
 			}
 		}
 	}

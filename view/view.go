@@ -46,8 +46,12 @@ type View[T any] struct {
 	// last is the state and its counters as Close left them (for the last
 	// View of a state, as the state ended), which the View answers from
 	// then on, though another View of the state goes on; nil before.
-	// Stored by Close (or endedCopy), then read only.
+	// Stored by Close, then read only.
 	last atomic.Pointer[closedState[T]]
+	// of is, for a View endedCopy made, the View it copies, whose closed
+	// state it answers from once there is one (see closed); set by
+	// endedCopy, then read only.
+	of *View[T]
 }
 
 // closedState is what a closed View goes on answering from.
@@ -126,10 +130,21 @@ func checkArgs(src Source, r etcdwatch.Request, noDecode bool, o options) error 
 
 // Snapshot returns the view's current state.
 func (v *View[T]) Snapshot() *Snapshot[T] {
-	if last := v.last.Load(); last != nil {
+	if last := v.closedState(); last != nil {
 		return last.snap
 	}
 	return v.core.snap.Load()
+}
+
+// closedState is what the View answers from once closed (last), or that of
+// the View it copies; nil while there is none: the state as it is.
+func (v *View[T]) closedState() *closedState[T] {
+	for ; v != nil; v = v.of {
+		if last := v.last.Load(); last != nil {
+			return last
+		}
+	}
+	return nil
 }
 
 // Get returns the key's entry in the current state, and whether it exists.
@@ -196,7 +211,7 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 // Stats returns the view's counters.
 func (v *View[T]) Stats() Stats {
 	var st Stats
-	if last := v.last.Load(); last != nil {
+	if last := v.closedState(); last != nil {
 		st = last.stats
 	} else {
 		st = v.core.statsNow()
@@ -315,11 +330,10 @@ func (v *View[T]) Share() *View[T] {
 // first.
 func (v *View[T]) endedCopy() *View[T] {
 	cause := context.Cause(v.ctx)
-	if cause == ErrClosed {
-		<-v.done // a Close under way keeps v's state first (last); the state's end closes it too
-	}
-	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed}
-	u.last.Store(v.last.Load()) // v's closed state, if v was closed while its state went on
+	// It answers as v does: from v's closed state once v's Close under way
+	// has kept it, not waiting for that here (Share may be called on the
+	// state's own goroutines, a Decoder's, for which that Close waits).
+	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed, of: v}
 	u.ctx, u.cancel = context.WithCancelCause(context.Background())
 	u.cancel(cause)
 	close(u.done)

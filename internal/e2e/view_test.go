@@ -891,6 +891,45 @@ func TestShareOfAClosingViewIsClosedAlike(t *testing.T) {
 	}
 }
 
+// TestShareFromADecoderWhileClosing: a Decoder may call Share of its View
+// while that View's Close waits for the state's goroutines, the Decoder's
+// among them. Catches a Share that waited for that Close to finish: a
+// deadlock.
+func TestShareFromADecoderWhileClosing(t *testing.T) {
+	leakCheck(t)
+	kv := client(t)
+	prefix := unique("view-share-decoder")
+	deleteWhenDone(t, kv, prefix)
+	var vp atomic.Pointer[view.View[[]byte]]
+	entered, release := make(chan struct{}), make(chan struct{})
+	decode := func(_, val []byte) ([]byte, error) {
+		if string(val) == "share" {
+			close(entered)
+			<-release
+			vp.Load().Share().Close()
+		}
+		return val, nil
+	}
+	v, err := view.New(ctx(t), open(t), etcdwatch.Prefix(prefix), decode)
+	require.NoError(t, err)
+	vp.Store(v)
+	put(t, kv, prefix+"k", "share")
+	<-entered
+	closed := make(chan struct{})
+	go func() { v.Close(); close(closed) }() // waits for the Decoder
+	require.Eventually(t, func() bool { // Close under way: a Share now is ended
+		c := v.Share()
+		defer c.Close()
+		return c.Err() != nil
+	}, wait, time.Millisecond)
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		t.Fatal("Close waits for the Decoder, whose Share waits for Close")
+	}
+}
+
 // TestViewIntegrityCheck compares the view with the server every 50ms while
 // writes go on. Catches: checks that never run, and checks that compare
 // with the wrong revision (false mismatches, needless relists).

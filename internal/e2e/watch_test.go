@@ -362,6 +362,8 @@ func TestOversizedCreateEndsItsWatchAlone(t *testing.T) {
 			var se *etcdwatch.ServerError
 			require.ErrorAs(t, err, &se)
 			require.ErrorIs(t, err, etcdwatch.ErrInvalidRequest)
+			require.Contains(t, se.Reason, "larger than max")
+			require.NotContains(t, se.Reason, "rpc error", "the status's message, as a refusal's reason is")
 			require.NotErrorIs(t, err, etcdwatch.ErrStreamFailed)
 
 			ws, err := s.WatchAll(c, etcdwatch.Key("oversized/a"), big)
@@ -423,22 +425,31 @@ func TestOversizedCreateIsTheOneNotSent(t *testing.T) {
 // replaced, to meet the same response again.
 func TestOwnReceiveLimitIsFinalBesideABigCreate(t *testing.T) {
 	leakCheck(t)
-	kv, c := client(t), ctx(t)
-	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
-	s := openOn(t, []string{proxy.Addr()}, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(64<<10)))
-	w, err := s.Watch(c, etcdwatch.Key("ownlimit/value"))
-	require.NoError(t, err)
-	proxy.SetDelay(300 * time.Millisecond) // the event comes while the create below is in flight
-	_, err = kv.Put(c, "ownlimit/value", strings.Repeat("v", 100<<10))
-	require.NoError(t, err)
-	_, err = s.Watch(c, etcdwatch.Key("ownlimit/"+strings.Repeat("k", 80<<10)))
-	proxy.SetDelay(0)
-	var se *etcdwatch.ServerError
-	require.False(t, errors.As(err, &se), "the server refused nothing: %v", err)
-	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
-	<-w.Done()
-	require.ErrorIs(t, w.Err(), etcdwatch.ErrStreamFailed)
-	require.Zero(t, s.Stats().Reconnects, "the Stream's own receive limit is final")
+	for name, opts := range map[string][]grpc.CallOption{
+		"plain": nil,
+		// Compressed, the response breaks the limit after decompression,
+		// whose text gives no size.
+		"compressed": {grpc.UseCompressor(gzip.Name)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			kv, c := client(t), ctx(t)
+			proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
+			s := openOn(t, []string{proxy.Addr()}, etcdwatch.WithCallOptions(append(opts, grpc.MaxCallRecvMsgSize(64<<10))...))
+			w, err := s.Watch(c, etcdwatch.Key("ownlimit/value"))
+			require.NoError(t, err)
+			proxy.SetDelay(300 * time.Millisecond) // the event comes while the create below is in flight
+			_, err = kv.Put(c, "ownlimit/value", strings.Repeat("v", 100<<10))
+			require.NoError(t, err)
+			_, err = s.Watch(c, etcdwatch.Key("ownlimit/"+strings.Repeat("k", 80<<10)))
+			proxy.SetDelay(0)
+			var se *etcdwatch.ServerError
+			require.False(t, errors.As(err, &se), "the server refused nothing: %v", err)
+			require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+			<-w.Done()
+			require.ErrorIs(t, w.Err(), etcdwatch.ErrStreamFailed)
+			require.Zero(t, s.Stats().Reconnects, "the Stream's own receive limit is final")
+		})
+	}
 }
 
 // TestRequestProgress: the answer covers every write made before the call,
