@@ -917,7 +917,8 @@ func TestShareFromADecoderWhileClosing(t *testing.T) {
 	<-entered
 	closed := make(chan struct{})
 	go func() { v.Close(); close(closed) }() // waits for the Decoder
-	require.Eventually(t, func() bool { // Close under way: a Share now is ended
+	// Close is under way once a Share made now is ended.
+	require.Eventually(t, func() bool {
 		c := v.Share()
 		defer c.Close()
 		return c.Err() != nil
