@@ -92,7 +92,7 @@ type session struct {
 	dead   chan struct{}      // closed by exit
 	opened chan struct{}      // closed by recvLoop once the stream is open
 	err    error              // why the session ended; read after dead is closed
-	unsent wireRequest        // the request Send refused, if one was (kind 0 otherwise); sendLoop's, read after close
+	unsent wireRequest        // the request whose Send failed with err, if that ended the session (kind 0 otherwise); read after dead is closed
 	ahead  atomic.Int64       // bytes of the big messages in recv
 	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
 	hooks  *hooks             // a test's; nil otherwise
@@ -138,9 +138,13 @@ func startSession(open opener, h *hooks) *session {
 }
 
 // exit records the first error and ends the session.
-func (s *session) exit(err error) {
+func (s *session) exit(err error) { s.exitUnsent(err, wireRequest{}) }
+
+// exitUnsent is exit for a request Send refused with err: recorded with
+// err, only if err is the one that ends the session.
+func (s *session) exitUnsent(err error, unsent wireRequest) {
 	s.once.Do(func() {
-		s.err = err
+		s.err, s.unsent = err, unsent
 		s.cancel(err)
 		close(s.dead)
 	})
@@ -251,7 +255,7 @@ func (s *session) sendLoop(ws wireStream) error {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
-					s.unsent = batch[i] // before the error: whichever loop reports first, close orders this before its reader
+					s.exitUnsent(err, batch[i])
 					return err
 				}
 			}

@@ -5,6 +5,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // bigStream is a wire stream whose every response is a message of size
@@ -67,5 +70,44 @@ func TestReadAheadIsBoundedInBytes(t *testing.T) {
 	waitHanded(1)
 	if n := len(s.recv); n > readAheadBytes/size {
 		t.Fatalf("%d big messages waiting, want at most %d", n, readAheadBytes/size)
+	}
+}
+
+// sendAfterEnd is a wire stream whose Recv fails first, over the receive
+// limit, and whose Send then fails over the send limit, once the session
+// has ended with Recv's error.
+type sendAfterEnd struct {
+	sending chan struct{}
+	sess    *session
+}
+
+func (s *sendAfterEnd) Recv(*wireResponse) error {
+	<-s.sending
+	return status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9000 vs. 4096)")
+}
+
+func (s *sendAfterEnd) Send(*wireRequest) error {
+	close(s.sending)
+	<-s.sess.dead
+	return status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (5000 vs. 4000)")
+}
+
+// TestUnsentOnlyWithItsError: the request Send refused is recorded only
+// when its failure is the one that ended the session. Catches a refusal
+// recorded beside another error (a response over the receive limit),
+// which ended that create's watch for the other error and replaced a
+// stream that had failed for good.
+func TestUnsentOnlyWithItsError(t *testing.T) {
+	st := &sendAfterEnd{sending: make(chan struct{})}
+	ready := make(chan struct{})
+	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, nil)
+	st.sess = s
+	close(ready)
+	<-s.opened
+	s.send <- []wireRequest{{kind: requestCreate, id: 7}}
+	<-s.dead
+	s.close()
+	if s.unsent.kind != 0 {
+		t.Fatalf("session ended with %v, and records request %d as unsent", s.err, s.unsent.id)
 	}
 }

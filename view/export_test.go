@@ -41,6 +41,10 @@ func ReadHeaderLength(b []byte) (int, error) {
 	return int(r.Size()) - r.Len() - (len(sr.buf) - sr.pos), nil
 }
 
+// CopyOf returns the View an ended copy (Share of an ended View) answers
+// as, or nil for a View that is no copy.
+func CopyOf[T any](v *View[T]) *View[T] { return v.of }
+
 // SavedRevision returns the revision of the saved state in b.
 func SavedRevision(b []byte) (int64, error) {
 	_, h, err := readHeader(bytes.NewReader(b))

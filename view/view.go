@@ -48,9 +48,9 @@ type View[T any] struct {
 	// then on, though another View of the state goes on; nil before.
 	// Stored by Close, then read only.
 	last atomic.Pointer[closedState[T]]
-	// of is, for a View endedCopy made, the View it copies, whose closed
-	// state it answers from once there is one (see closed); set by
-	// endedCopy, then read only.
+	// of is, for a View endedCopy made, the View it copies (never itself
+	// a copy), whose closed state it answers from once there is one (see
+	// closedState); set by endedCopy, then read only.
 	of *View[T]
 }
 
@@ -139,12 +139,10 @@ func (v *View[T]) Snapshot() *Snapshot[T] {
 // closedState is what the View answers from once closed (last), or that of
 // the View it copies; nil while there is none: the state as it is.
 func (v *View[T]) closedState() *closedState[T] {
-	for ; v != nil; v = v.of {
-		if last := v.last.Load(); last != nil {
-			return last
-		}
+	if v.of != nil {
+		return v.of.last.Load()
 	}
-	return nil
+	return v.last.Load()
 }
 
 // Get returns the key's entry in the current state, and whether it exists.
@@ -313,7 +311,10 @@ func (v *View[T]) forget(sub *Subscription[T]) {
 // Share returns another View of v's state: the same keys, history, counters
 // and server-side watch, with a Close, Done, Err and subscriptions of its
 // own. The state lives until every View of it is closed. Share of a View
-// that has ended (or is closing) returns a View ended with the same error.
+// that has ended (or is closing) returns a View ended with the same error,
+// which answers as v does: while v's Close is under way (it waits for the
+// state's goroutines when v is the last View), from the state as it is,
+// though its Done is closed already.
 func (v *View[T]) Share() *View[T] {
 	if v.ctx.Err() == nil { // else v has ended, or is closing
 		if done := v.core.join(v.done); done != nil {
@@ -332,8 +333,14 @@ func (v *View[T]) endedCopy() *View[T] {
 	cause := context.Cause(v.ctx)
 	// It answers as v does: from v's closed state once v's Close under way
 	// has kept it, not waiting for that here (Share may be called on the
-	// state's own goroutines, a Decoder's, for which that Close waits).
-	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed, of: v}
+	// state's own goroutines, a Decoder's, for which that Close waits). Its
+	// Done is closed at once, though, before that Close returns. A copy of
+	// a copy answers as the View first copied: of is never a copy.
+	src := v
+	if v.of != nil {
+		src = v.of
+	}
+	u := &View[T]{core: v.core, done: make(chan struct{}), closed: cause == ErrClosed, of: src}
 	u.ctx, u.cancel = context.WithCancelCause(context.Background())
 	u.cancel(cause)
 	close(u.done)
@@ -352,6 +359,9 @@ func (v *View[T]) Close() error {
 		v.mu.Unlock()
 		for sub := range subs {
 			sub.end(ErrClosed)
+		}
+		if v.of != nil {
+			return // a copy (endedCopy) holds no state and keeps none: it answers as of does
 		}
 		held := v.core.leave(v.done) // the last View waits for the state's end, and its last publication
 		v.last.Store(&closedState[T]{snap: v.core.snap.Load(), stats: v.core.statsNow()})

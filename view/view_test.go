@@ -674,6 +674,32 @@ func TestShareOfAnEndedView(t *testing.T) {
 	require.ErrorIs(t, late.Err(), etcdwatch.ErrPermissionDenied, "Close of an ended View keeps why it ended")
 }
 
+// TestShareOfAnEndedCopy: a Share of an ended copy answers as the View
+// first copied, and closing one copy moves no other. Catches a copy's Close
+// keeping the state as it was then (it moves while another View holds
+// it), and copies of copies linked one to the next, each kept alive by the
+// last and walked at each read.
+func TestShareOfAnEndedCopy(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 1)
+	first := openView(h, view.DecodeBytes)
+	second := first.v.Share()
+	require.NoError(t, second.Close())
+	closedAt := second.Revision()
+	first.send(kv.PutEvent("v/later", "1"))
+	waitFor(t, first.v, kv.Revision())
+	require.Greater(t, first.v.Revision(), closedAt)
+
+	copy1 := second.Share()
+	copy2 := copy1.Share()
+	require.Same(t, second, view.CopyOf(copy2), "a copy of a copy answers as the View first copied")
+	require.NoError(t, copy1.Close())
+	require.Equal(t, closedAt, copy1.Revision(), "copy1 moved at its own Close")
+	require.Equal(t, closedAt, copy2.Revision(), "copy2 moved at copy1's Close")
+	require.Equal(t, second.Stats(), copy2.Stats())
+}
+
 // TestNewRefusesWhatCannotWork: arguments and options are checked before
 // anything is sent.
 func TestNewRefusesWhatCannotWork(t *testing.T) {
