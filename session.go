@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
 // wireStream is the part of a gRPC Watch stream the dispatcher needs. Recv
@@ -92,12 +94,15 @@ type session struct {
 	dead   chan struct{}      // closed by exit
 	opened chan struct{}      // closed by recvLoop once the stream is open
 	err    error              // why the session ended; read after dead is closed
-	unsent wireRequest        // the request whose Send failed with err, if that ended the session (kind 0 otherwise); read after dead is closed
-	ahead  atomic.Int64       // bytes of the big messages in recv
-	room   chan struct{}      // dispatcher -> recvLoop: ahead fell below readAheadBytes
-	hooks  *hooks             // a test's; nil otherwise
-	once   sync.Once
-	wg     sync.WaitGroup // recvLoop and sendLoop
+	unsent wireRequest        // the request whose Send failed with err, the error that ended the session (kind 0 otherwise); set by close
+	// sendLoop's, read by close: the request Send failed for, and how.
+	refused    wireRequest
+	refusedErr error
+	ahead      atomic.Int64  // bytes of the big messages in recv
+	room       chan struct{} // dispatcher -> recvLoop: ahead fell below readAheadBytes
+	hooks      *hooks        // a test's; nil otherwise
+	once       sync.Once
+	wg         sync.WaitGroup // recvLoop and sendLoop
 }
 
 // readAhead is how many responses recvLoop may decode ahead of the
@@ -138,13 +143,9 @@ func startSession(open opener, h *hooks) *session {
 }
 
 // exit records the first error and ends the session.
-func (s *session) exit(err error) { s.exitUnsent(err, wireRequest{}) }
-
-// exitUnsent is exit for a request Send refused with err: recorded with
-// err, only if err is the one that ends the session.
-func (s *session) exitUnsent(err error, unsent wireRequest) {
+func (s *session) exit(err error) {
 	s.once.Do(func() {
-		s.err, s.unsent = err, unsent
+		s.err = err
 		s.cancel(err)
 		close(s.dead)
 	})
@@ -165,6 +166,9 @@ func (s *session) isOpen() bool {
 func (s *session) close() {
 	s.exit(ErrClosed)
 	s.wg.Wait()
+	if s.refusedErr != nil && rpcerr.Same(s.refusedErr, s.err) {
+		s.unsent = s.refused
+	}
 }
 
 func (s *session) recvLoop(open opener) error {
@@ -255,7 +259,7 @@ func (s *session) sendLoop(ws wireStream) error {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
-					s.exitUnsent(err, batch[i])
+					s.refused, s.refusedErr = batch[i], err // gRPC may report err through Recv first: close matches them
 					return err
 				}
 			}

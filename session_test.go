@@ -111,3 +111,45 @@ func TestUnsentOnlyWithItsError(t *testing.T) {
 		t.Fatalf("session ended with %v, and records request %d as unsent", s.err, s.unsent.id)
 	}
 }
+
+// finishingSend is a wire stream whose Send fails over the send limit as
+// gRPC's SendMsg does: it ends the stream with that error before it
+// returns, so that Recv, waiting, returns the same error, and here reports
+// it first.
+type finishingSend struct {
+	finished chan struct{}
+	sess     *session
+	err      error
+}
+
+func (s *finishingSend) Recv(*wireResponse) error {
+	<-s.finished
+	return status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")
+}
+
+func (s *finishingSend) Send(*wireRequest) error {
+	close(s.finished)
+	<-s.sess.dead // the receive loop reported it first
+	return s.err
+}
+
+// TestUnsentWhenRecvReportsTheSendError: gRPC reports a send it refused
+// through Recv too; the request is recorded whichever loop reports first.
+// Catches it recorded only when the send loop did: with compression, the
+// size in the error then matched no create, and an earlier create, sent
+// fine, was refused in its place (28 of 300 runs through gRPC).
+func TestUnsentWhenRecvReportsTheSendError(t *testing.T) {
+	st := &finishingSend{finished: make(chan struct{}),
+		err: status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")}
+	ready := make(chan struct{})
+	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, nil)
+	st.sess = s
+	close(ready)
+	<-s.opened
+	s.send <- []wireRequest{{kind: requestCreate, id: 7}}
+	<-s.dead
+	s.close()
+	if s.unsent.kind != requestCreate || s.unsent.id != 7 {
+		t.Fatalf("session ended with the send limit's error %v, and names no unsent request", s.err)
+	}
+}

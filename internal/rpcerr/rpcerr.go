@@ -60,6 +60,18 @@ func Sizes(err error) (size, limit int, ok bool) {
 	return 0, 0, false
 }
 
+// Same reports whether a and b are one failure: the same error, or gRPC
+// statuses of the same code and message (gRPC reports a send it refused
+// through the stream's receive too, as an error of its own).
+func Same(a, b error) bool {
+	if errors.Is(a, b) {
+		return true
+	}
+	sa, okA := status.FromError(a)
+	sb, okB := status.FromError(b)
+	return okA && okB && sa.Code() == sb.Code() && sa.Message() == sb.Message()
+}
+
 // Kind is what a server's cancel reason means.
 type Kind uint8
 

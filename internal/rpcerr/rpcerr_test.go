@@ -86,6 +86,26 @@ func TestSizes(t *testing.T) {
 	}
 }
 
+func TestSame(t *testing.T) {
+	refused := status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")
+	for _, tc := range []struct {
+		a, b error
+		want bool
+	}{
+		{refused, refused, true},
+		{refused, status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)"), true}, // reported again through Recv
+		{refused, status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9000 vs. 4096)"), false},
+		{refused, status.Error(codes.Unavailable, "trying to send message larger than max (5000 vs. 4000)"), false},
+		{refused, errors.New("trying to send message larger than max (5000 vs. 4000)"), false},
+		{context.Canceled, context.Canceled, true},
+		{context.Canceled, fmt.Errorf("wrapped: %w", context.Canceled), false}, // a is not b's
+	} {
+		if got := Same(tc.a, tc.b); got != tc.want {
+			t.Errorf("Same(%v, %v) = %v", tc.a, tc.b, got)
+		}
+	}
+}
+
 func TestNoLeader(t *testing.T) {
 	if !NoLeader(status.Error(codes.Unavailable, "etcdserver: no leader")) {
 		t.Error("etcd's no-leader refusal not recognised")
