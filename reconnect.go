@@ -58,7 +58,7 @@ func (d *dispatcher) handleSessionEnd() {
 		d.pause(w) // its server-side watch is gone; it is re-created once its consumer catches up
 	}
 	d.sess.close()
-	unsent := d.sess.unsent
+	unsent := d.sess.unsent()
 	d.sess = nil
 	d.discard = false
 	d.live.Stop()

@@ -94,8 +94,8 @@ type session struct {
 	dead   chan struct{}      // closed by exit
 	opened chan struct{}      // closed by recvLoop once the stream is open
 	err    error              // why the session ended; read after dead is closed
-	unsent wireRequest        // the request whose Send failed with err, the error that ended the session (kind 0 otherwise); set by close
-	// sendLoop's, read by close: the request Send failed for, and how.
+	// sendLoop's, read after close (unsent): the request Send failed for,
+	// and how.
 	refused    wireRequest
 	refusedErr error
 	ahead      atomic.Int64  // bytes of the big messages in recv
@@ -166,9 +166,17 @@ func (s *session) isOpen() bool {
 func (s *session) close() {
 	s.exit(ErrClosed)
 	s.wg.Wait()
+}
+
+// unsent is the request whose Send failed with the error that ended the
+// session, whichever loop reported it (gRPC reports a send it refused
+// through the stream's receive too); kind 0 when there is none. Called
+// after close.
+func (s *session) unsent() wireRequest {
 	if s.refusedErr != nil && rpcerr.Same(s.refusedErr, s.err) {
-		s.unsent = s.refused
+		return s.refused
 	}
+	return wireRequest{}
 }
 
 func (s *session) recvLoop(open opener) error {
@@ -259,7 +267,7 @@ func (s *session) sendLoop(ws wireStream) error {
 					if errors.Is(err, io.EOF) {
 						return nil
 					}
-					s.refused, s.refusedErr = batch[i], err // gRPC may report err through Recv first: close matches them
+					s.refused, s.refusedErr = batch[i], err // gRPC may report err through Recv first: unsent matches them
 					return err
 				}
 			}

@@ -73,32 +73,30 @@ func TestReadAheadIsBoundedInBytes(t *testing.T) {
 	}
 }
 
-// sendAfterEnd is a wire stream whose Recv fails first, over the receive
-// limit, and whose Send then fails over the send limit, once the session
-// has ended with Recv's error.
-type sendAfterEnd struct {
-	sending chan struct{}
-	sess    *session
+// refusingSend is a wire stream whose Send fails with sendErr, as gRPC's
+// SendMsg over its send limit does: once it has begun, Recv returns
+// recvErr and ends the session first, and Send returns only then.
+type refusingSend struct {
+	sending          chan struct{}
+	sess             *session
+	recvErr, sendErr error
 }
 
-func (s *sendAfterEnd) Recv(*wireResponse) error {
+func (s *refusingSend) Recv(*wireResponse) error {
 	<-s.sending
-	return status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9000 vs. 4096)")
+	return s.recvErr
 }
 
-func (s *sendAfterEnd) Send(*wireRequest) error {
+func (s *refusingSend) Send(*wireRequest) error {
 	close(s.sending)
-	<-s.sess.dead
-	return status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (5000 vs. 4000)")
+	<-s.sess.dead // the receive loop reported first
+	return s.sendErr
 }
 
-// TestUnsentOnlyWithItsError: the request Send refused is recorded only
-// when its failure is the one that ended the session. Catches a refusal
-// recorded beside another error (a response over the receive limit),
-// which ended that create's watch for the other error and replaced a
-// stream that had failed for good.
-func TestUnsentOnlyWithItsError(t *testing.T) {
-	st := &sendAfterEnd{sending: make(chan struct{})}
+// sendRefused runs a session on st, sends it a create with id 7, and
+// returns the session once it has ended and closed.
+func sendRefused(st *refusingSend) *session {
+	st.sending = make(chan struct{})
 	ready := make(chan struct{})
 	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, nil)
 	st.sess = s
@@ -107,30 +105,24 @@ func TestUnsentOnlyWithItsError(t *testing.T) {
 	s.send <- []wireRequest{{kind: requestCreate, id: 7}}
 	<-s.dead
 	s.close()
-	if s.unsent.kind != 0 {
-		t.Fatalf("session ended with %v, and records request %d as unsent", s.err, s.unsent.id)
+	return s
+}
+
+var sendLimit = status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")
+
+// TestUnsentOnlyWithItsError: the request Send refused is recorded only
+// when its failure is the one that ended the session. Catches a refusal
+// recorded beside another error (a response over the receive limit),
+// which ended that create's watch for the other error and replaced a
+// stream that had failed for good.
+func TestUnsentOnlyWithItsError(t *testing.T) {
+	s := sendRefused(&refusingSend{
+		recvErr: status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9000 vs. 4096)"),
+		sendErr: sendLimit,
+	})
+	if u := s.unsent(); u.kind != 0 {
+		t.Fatalf("session ended with %v, and records request %d as unsent", s.err, u.id)
 	}
-}
-
-// finishingSend is a wire stream whose Send fails over the send limit as
-// gRPC's SendMsg does: it ends the stream with that error before it
-// returns, so that Recv, waiting, returns the same error, and here reports
-// it first.
-type finishingSend struct {
-	finished chan struct{}
-	sess     *session
-	err      error
-}
-
-func (s *finishingSend) Recv(*wireResponse) error {
-	<-s.finished
-	return status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")
-}
-
-func (s *finishingSend) Send(*wireRequest) error {
-	close(s.finished)
-	<-s.sess.dead // the receive loop reported it first
-	return s.err
 }
 
 // TestUnsentWhenRecvReportsTheSendError: gRPC reports a send it refused
@@ -139,17 +131,11 @@ func (s *finishingSend) Send(*wireRequest) error {
 // size in the error then matched no create, and an earlier create, sent
 // fine, was refused in its place (28 of 300 runs through gRPC).
 func TestUnsentWhenRecvReportsTheSendError(t *testing.T) {
-	st := &finishingSend{finished: make(chan struct{}),
-		err: status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)")}
-	ready := make(chan struct{})
-	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, nil)
-	st.sess = s
-	close(ready)
-	<-s.opened
-	s.send <- []wireRequest{{kind: requestCreate, id: 7}}
-	<-s.dead
-	s.close()
-	if s.unsent.kind != requestCreate || s.unsent.id != 7 {
+	s := sendRefused(&refusingSend{
+		recvErr: status.Error(codes.ResourceExhausted, "trying to send message larger than max (5000 vs. 4000)"),
+		sendErr: sendLimit,
+	})
+	if u := s.unsent(); u.kind != requestCreate || u.id != 7 {
 		t.Fatalf("session ended with the send limit's error %v, and names no unsent request", s.err)
 	}
 }

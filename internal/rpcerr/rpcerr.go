@@ -99,7 +99,7 @@ var reasons = []struct {
 	{"range is empty", InvalidRequest},
 	{"duplicate watch id", InvalidRequest},
 	{"compacted", Compacted},            // etcd 3.7 refuses a negative start revision so
-	{"larger than max", InvalidRequest}, // gRPC's size limit, for a create the server refused as too large (SizeLimit)
+	{"larger than max", InvalidRequest}, // gRPC's size limit, for a create the server refused as too large (Sizes)
 }
 
 // Classify returns what a cancel reason (or any error text of the server)
