@@ -50,7 +50,7 @@ type View[T any] struct {
 	last atomic.Pointer[closedState[T]]
 	// of is, for a View endedCopy made, the View it copies (never itself
 	// a copy), whose closed state it answers from once there is one (see
-	// closedState); set by endedCopy, then read only.
+	// kept); set by endedCopy, then read only.
 	of *View[T]
 }
 
@@ -130,15 +130,15 @@ func checkArgs(src Source, r etcdwatch.Request, noDecode bool, o options) error 
 
 // Snapshot returns the view's current state.
 func (v *View[T]) Snapshot() *Snapshot[T] {
-	if last := v.closedState(); last != nil {
+	if last := v.kept(); last != nil {
 		return last.snap
 	}
 	return v.core.snap.Load()
 }
 
-// closedState is what the View answers from once closed (last), or that of
+// kept is what the View answers from once closed (last), or that of
 // the View it copies; nil while there is none: the state as it is.
-func (v *View[T]) closedState() *closedState[T] {
+func (v *View[T]) kept() *closedState[T] {
 	if v.of != nil {
 		return v.of.last.Load()
 	}
@@ -209,7 +209,7 @@ func (v *View[T]) outcome(ctx context.Context, err error) error {
 // Stats returns the view's counters.
 func (v *View[T]) Stats() Stats {
 	var st Stats
-	if last := v.closedState(); last != nil {
+	if last := v.kept(); last != nil {
 		st = last.stats
 	} else {
 		st = v.core.statsNow()
