@@ -16,12 +16,12 @@
 //	big, err := g.WatchPinned(ctx, etcdwatch.Prefix("registry/")) // on a Stream of its own
 //	v, err := view.New(ctx, g, etcdwatch.Prefix("config/"), view.DecodeBytes)
 //
-// Dial puts one Stream on each member, each on a connection of its own
-// that moves to the next member when its own fails (and stays there: see
-// Dial). New puts several on a
-// connection the caller has, where its balancer sends them: often all on
-// one member (see New), so that they keep their watches apart but fail
-// together.
+// Dial puts one Stream on each member, its home: the Stream moves to the
+// next member when its home fails or has no leader, and goes back once
+// the home has been up for a while (see Dial and WithHoming). New puts
+// several on a connection the caller has, where its balancer sends them:
+// often all on one member (see New), so that they keep their watches
+// apart but fail together.
 //
 // # Placement
 //

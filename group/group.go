@@ -26,9 +26,12 @@ import (
 type Group struct {
 	own   []*slot            // the group's Streams (WithStreams), in order; fixed from New to Close
 	owned []*grpc.ClientConn // Dial's connections, closed by Close; nil with New
-	opts  options
-	base  context.Context         // ends at Close with etcdwatch.ErrClosed: Context's
-	stop  context.CancelCauseFunc // ends base
+	// members follows Dial's connections and routes its Streams over
+	// them; nil with New. Set before Dial returns, then fixed.
+	members *members
+	opts    options
+	base    context.Context         // ends at Close with etcdwatch.ErrClosed: Context's
+	stop    context.CancelCauseFunc // ends base
 
 	mu      sync.Mutex
 	placing []int              // per own Stream: watches placed there, not yet handed to it; guarded by mu
@@ -92,6 +95,9 @@ func New(conn grpc.ClientConnInterface, opts ...Option) (*Group, error) {
 	if o.dialSet {
 		return nil, fmt.Errorf("%w: WithDialOptions is for Dial: New is given its connection", etcdwatch.ErrInvalidArgument)
 	}
+	if o.settleSet {
+		return nil, fmt.Errorf("%w: WithHoming is for Dial: New's Streams have no member of their own", etcdwatch.ErrInvalidArgument)
+	}
 	conns := make([]grpc.ClientConnInterface, o.streams)
 	for i := range conns {
 		conns[i] = conn
@@ -99,27 +105,24 @@ func New(conn grpc.ClientConnInterface, opts ...Option) (*Group, error) {
 	return start(conns, nil, o)
 }
 
-// pickFirst makes a connection use its addresses in the order given:
-// the first that works, and on its failure the next.
-const pickFirst = `{"loadBalancingConfig": [{"pick_first": {}}]}`
-
 // Dial opens a Group with one Stream per endpoint (WithStreams to change
-// that), each on a connection of its own (dial.New, with
-// WithDialOptions), so that Stream i is on member i: its connection lists
-// the endpoints starting from endpoint i and uses the first that works
-// (gRPC's pick_first). When member i fails, Stream i, and only it,
-// reconnects to the next member up, whose watches resume there from their
-// own revisions; it stays there until that member fails in turn. With more
-// Streams than endpoints, Stream i is on member i modulo their number.
+// that), so that Stream i is on member i, its home. Dial makes one
+// connection per endpoint (dial.New, with WithDialOptions), each to that
+// member alone; Stream i's RPCs go to its home when it is up, and
+// otherwise to the next member up that is, in the order of endpoints from
+// i. With more Streams than endpoints, Stream i's home is member i modulo
+// their number.
 //
-// It does not go back: once member i is up again, Stream i stays where it
-// moved, so after a member's restart (a rolling restart, or Dial while a
-// member is down) two Streams share a member and one member has none,
-// until the one they share fails; Streams' Member tells where each is.
-// And pick_first moves on only when the connection fails, not when its
-// member refuses streams for want of a leader (WithRequireLeader): the
-// Stream's watches then wait for that member's leader, while placement
-// sends new watches to the other Streams.
+// When member i fails, Stream i, and only it, reconnects to the next
+// member that is up, and its watches resume there from their own
+// revisions. A member that refuses streams for want of a leader (with
+// etcdwatch.WithRequireLeader in WithStreamOptions) counts as down until
+// it has one again. Once member i has been back, connected and with a
+// leader (etcd's Status, asked on its connection), for WithHoming's
+// settle time, Stream i goes home: its gRPC stream elsewhere is ended, and
+// its watches resume on member i, again from their own revisions. So a
+// rolling restart, or a Dial while a member is down, leaves each Stream on
+// its own member in the end. Streams' Member tells where each is.
 //
 // Endpoints are as dial.New takes them. Close closes the connections.
 func Dial(endpoints []string, opts ...Option) (*Group, error) {
@@ -130,25 +133,28 @@ func Dial(endpoints []string, opts ...Option) (*Group, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	dialOpts := append(o.dial[:len(o.dial):len(o.dial)], dial.WithGRPCOptions(grpc.WithDefaultServiceConfig(pickFirst)))
-	owned := make([]*grpc.ClientConn, 0, o.streams)
-	conns := make([]grpc.ClientConnInterface, 0, o.streams)
-	for i := range o.streams {
-		k := i % len(endpoints)
-		order := append(append([]string(nil), endpoints[k:]...), endpoints[:k]...)
-		cc, err := dial.New(order, dialOpts...)
+	owned := make([]*grpc.ClientConn, 0, len(endpoints))
+	for _, ep := range endpoints {
+		cc, err := dial.New([]string{ep}, o.dial...)
 		if err != nil {
 			closeAll(owned)
 			return nil, err
 		}
 		owned = append(owned, cc)
-		conns = append(conns, cc)
+	}
+	ms := newMembers(owned, o.settle)
+	conns := make([]grpc.ClientConnInterface, o.streams)
+	for i := range conns {
+		conns[i] = ms.route(i % len(endpoints))
 	}
 	g, err := start(conns, owned, o)
 	if err != nil {
 		closeAll(owned)
+		return nil, err
 	}
-	return g, err
+	g.members = ms
+	ms.run(g.base)
+	return g, nil
 }
 
 func closeAll(conns []*grpc.ClientConn) {
@@ -696,6 +702,9 @@ func (g *Group) Close() error {
 			_ = sl.stream.Close()
 		}
 		g.wg.Wait()
+		if g.members != nil {
+			g.members.wait() // its goroutines ended with base
+		}
 		closeAll(g.owned)
 	})
 	return nil

@@ -2,6 +2,7 @@ package group
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
@@ -18,6 +19,23 @@ type options struct {
 	stream     []etcdwatch.Option // for every Stream, pinned ones too
 	dial       []dial.Option      // Dial's, for every connection
 	dialSet    bool               // WithDialOptions was given
+	settle     time.Duration      // WithHoming's
+	settleSet  bool               // WithHoming was given
+}
+
+// defaultSettle is WithHoming's default.
+const defaultSettle = 5 * time.Second
+
+// WithHoming sets how long a member of Dial's must have been back,
+// connected and with a leader, before the Streams whose home it is leave
+// the members they moved to and go back to it (see Dial): long enough
+// that a member going up and down again does not move them each time, and
+// that a member just restarted has caught up with its cluster. Going home
+// costs what a member's failure does: each of those Streams' watches is
+// created again, from its own revision. 0 never goes home. Default 5s; at
+// least 0. New, whose Streams have no home, refuses it.
+func WithHoming(settle time.Duration) Option {
+	return func(o *options) { o.settle, o.settleSet = settle, true }
 }
 
 // WithStreams sets how many Streams the group keeps (pinned ones come on
@@ -51,7 +69,7 @@ func WithDialOptions(opts ...dial.Option) Option {
 // apply applies opts over the defaults, streams being the constructor's
 // default number of Streams.
 func apply(streams int, opts []Option) options {
-	var o options
+	o := options{settle: defaultSettle}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -64,6 +82,9 @@ func apply(streams int, opts []Option) options {
 func (o options) validate() error {
 	if o.streams < 1 {
 		return fmt.Errorf("%w: WithStreams(%d) must be at least 1", etcdwatch.ErrInvalidArgument, o.streams)
+	}
+	if o.settle < 0 {
+		return fmt.Errorf("%w: WithHoming(%v) must be at least 0", etcdwatch.ErrInvalidArgument, o.settle)
 	}
 	return nil
 }

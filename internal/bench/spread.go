@@ -59,7 +59,7 @@ var (
 
 // spreadNames are the contenders: a Stream over dial.New's round_robin
 // connection to the members, as a program opens one today; a group of one
-// Stream (group.Dial, so a pick_first connection of its own), the same
+// Stream (group.Dial, so a route over connections of its own), the same
 // connection machinery as the group's with one Stream; and the group of
 // -spread-streams.
 var spreadNames = []string{"stream", "group-1", "group"}

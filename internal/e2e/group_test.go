@@ -85,7 +85,9 @@ func (wg *watchedGroup) bookmarked(t *testing.T, ids map[string]uint64) {
 // and only those, reconnect to another member, where their watches resume
 // (only their Stats count reconnects and moved watches); the other
 // Streams' watches deliver a write made after the cut from the members
-// they were on. Then every watch's whole history is checked.
+// they were on. The victim is restarted, and Dial's Stream whose home it
+// is goes back to it, while the others stay. Then every watch's whole
+// history is checked.
 func TestGroupMemberFailure(t *testing.T) {
 	leakCheck(t)
 	members := etcdwatchtest.StartCluster(t, 3)
@@ -103,7 +105,8 @@ func TestGroupMemberFailure(t *testing.T) {
 	start := currentRevision(t, setup) + 1
 	prefix := unique("group")
 
-	dialed, err := group.Dial(endpoints, group.WithDialOptions(dial.WithInsecure()), group.WithStreamOptions(fastRetry))
+	dialed, err := group.Dial(endpoints, group.WithDialOptions(dial.WithInsecure()), group.WithStreamOptions(fastRetry),
+		group.WithHoming(500*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, dialed.Close()) })
 	conn, err := dial.New(endpoints, dial.WithInsecure())
@@ -186,6 +189,26 @@ func TestGroupMemberFailure(t *testing.T) {
 		}
 	}
 	require.Equal(t, endpoints[(victim+1)%3], dialed.Streams()[victim].Member, "Dial: the victim's Stream moved to the next member up")
+
+	// The victim comes back. Once it has been up for the settle time,
+	// Dial's Stream whose home it is goes back to it, and that Stream's
+	// watches resume there; the other Streams stay where they are.
+	require.NoError(t, members[victim].Restart())
+	require.Eventually(t, func() bool { return dialed.Streams()[victim].Member == endpoints[victim] }, wait, 10*time.Millisecond,
+		"the victim's Stream did not go home")
+	home := w.committedAfter(t)
+	for _, r := range groups[0].recs {
+		waitDelivered(t, w.lastMatching(r, home), r)
+	}
+	groups[0].bookmarked(t, ids) // answered by the victim again on its Stream
+	for i, s := range dialed.Streams()[:3] {
+		require.Equal(t, endpoints[i], s.Member, "Dial: Stream %d on its own member", i)
+		if i != victim {
+			require.Zero(t, s.Stats.Reconnects, "Dial: Stream %d never moved", i)
+			continue
+		}
+		require.EqualValues(t, 14, s.Stats.Moved, "Dial: each of Stream %d's watches resumed twice, away and home", i)
+	}
 
 	var all []*recording
 	for _, wg := range groups {

@@ -35,22 +35,29 @@ type Server struct {
 	srv     *grpc.Server
 	streams chan *Stream
 	kv      *KV
+	leader  atomic.Uint64 // what Status reports; SetLeader's
 }
 
 // maintenance answers the Maintenance Status RPC with a release, when the
-// test set one; without, the RPC is unimplemented, as on a server the
-// client cannot ask.
+// test set one, and the leader SetLeader gave (none until then); without
+// a release, the RPC is unimplemented, as on a server the client cannot
+// ask.
 type maintenance struct {
 	pb.UnimplementedMaintenanceServer
 	version string
+	leader  *atomic.Uint64
 }
 
 func (m maintenance) Status(context.Context, *pb.StatusRequest) (*pb.StatusResponse, error) {
 	if m.version == "" {
 		return nil, status.Error(codes.Unimplemented, "watchserver: no release set")
 	}
-	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1}, Version: m.version}, nil
+	return &pb.StatusResponse{Header: &pb.ResponseHeader{MemberId: 1}, Version: m.version, Leader: m.leader.Load()}, nil
 }
+
+// SetLeader sets the leader the Maintenance Status RPC reports; 0 is
+// none. It needs a release (StartRelease).
+func (s *Server) SetLeader(id uint64) { s.leader.Store(id) }
 
 // Release returns the release the server reports, "" for none.
 func (s *Server) Release() string { return s.release }
@@ -74,7 +81,7 @@ func start(t testing.TB, version string) *Server {
 	}
 	pb.RegisterWatchServer(s.srv, s)
 	pb.RegisterKVServer(s.srv, kvService{kv: s.kv})
-	pb.RegisterMaintenanceServer(s.srv, maintenance{version: version})
+	pb.RegisterMaintenanceServer(s.srv, maintenance{version: version, leader: &s.leader})
 	served := make(chan struct{})
 	go func() { // exits when the server stops
 		defer close(served)
