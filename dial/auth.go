@@ -101,7 +101,7 @@ func (a *tokenAuth) current() (string, bool, error) {
 // each time once the connection is ready (awaitReady, outside the turn),
 // and spaced (getOnce).
 func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.CallOption) (string, error) {
-	ready := waitsForReady(opts)
+	ready := rpcerr.WaitsForReady(opts)
 	for {
 		tok, err := a.getOnce(ctx, cc)
 		if err == nil || !ready || ctx.Err() != nil || !passing(err) {
@@ -138,18 +138,6 @@ func passing(err error) bool {
 		return true
 	}
 	return false
-}
-
-// waitsForReady reports whether opts make an RPC wait for a ready
-// connection rather than fail fast; the last such option wins.
-func waitsForReady(opts []grpc.CallOption) bool {
-	ready := false
-	for _, o := range opts {
-		if ff, ok := o.(grpc.FailFastCallOption); ok {
-			ready = !ff.FailFast
-		}
-	}
-	return ready
 }
 
 // getOnce is one try of get.

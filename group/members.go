@@ -25,6 +25,7 @@ type members struct {
 
 	mu         sync.Mutex
 	state      []connectivity.State // per member: its connection's, as watch last saw it; guarded by mu
+	tried      []bool               // per member: watch has seen it ready or failed; guarded by mu
 	leaderless []bool               // per member: see memberState; guarded by mu
 	up         []time.Time          // per member: since when ready and not leaderless, zero while not; guarded by mu
 	changed    chan struct{}        // closed, and replaced, at each change a route's GetState may show; guarded by mu
@@ -38,6 +39,7 @@ func newMembers(conns []*grpc.ClientConn, settle time.Duration) *members {
 		settle:     settle,
 		clock:      clock.Real,
 		state:      make([]connectivity.State, len(conns)),
+		tried:      make([]bool, len(conns)),
 		leaderless: make([]bool, len(conns)),
 		up:         make([]time.Time, len(conns)),
 		changed:    make(chan struct{}),
@@ -69,6 +71,14 @@ func (ms *members) broadcast() {
 	ms.changed = make(chan struct{})
 }
 
+// memberState is what a route knows of member i now.
+func (ms *members) memberState(i int) memberState {
+	s := ms.conns[i].GetState()
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return memberState{state: s, fresh: !ms.tried[i], leaderless: ms.leaderless[i]}
+}
+
 func (ms *members) isLeaderless(i int) bool {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
@@ -95,6 +105,9 @@ func (ms *members) setState(i int, s connectivity.State) {
 		return
 	}
 	ms.state[i] = s
+	if s == connectivity.Ready || s == connectivity.TransientFailure {
+		ms.tried[i] = true
+	}
 	ms.noteUp(i, s == connectivity.Ready && !ms.leaderless[i])
 	ms.broadcast()
 }
@@ -158,8 +171,9 @@ func (ms *members) watch(ctx context.Context, i int) error {
 	}
 }
 
-// check asks ready member i for its leader when that matters, and sends
-// its Streams home when they may go.
+// check asks ready member i for its leader when that matters (it is known
+// leaderless, or Streams whose home it is are away), and sends those
+// Streams home when they may go.
 func (ms *members) check(ctx context.Context, i int) {
 	var homing []*route
 	for _, r := range ms.routes {
@@ -170,16 +184,24 @@ func (ms *members) check(ctx context.Context, i int) {
 	if !ms.isLeaderless(i) && len(homing) == 0 {
 		return
 	}
-	if !ms.hasLeader(ctx, i) {
-		return
-	}
-	ms.setLeaderless(i, false)
-	if !ms.homeDue(i) {
+	if !ms.probe(ctx, i) || !ms.homeDue(i) {
 		return
 	}
 	for _, r := range homing {
 		r.goHome()
 	}
+}
+
+// probe asks member i for its leader, records the answer, and reports
+// whether it named one. A member that answers without a leader is known
+// leaderless until it names one, so that its settle time counts from its
+// leader; one that does not answer is left as it was.
+func (ms *members) probe(ctx context.Context, i int) bool {
+	leader, answered := ms.hasLeader(ctx, i)
+	if answered {
+		ms.setLeaderless(i, !leader)
+	}
+	return leader
 }
 
 // homeDue reports whether Streams may go back to member i: homing is on,
@@ -197,11 +219,15 @@ func homeDue(settle time.Duration, up, now time.Time) bool {
 	return settle > 0 && !up.IsZero() && now.Sub(up) >= settle
 }
 
-// hasLeader asks member i whether it knows its leader (etcd's Status), and
-// reports false when it does not answer in a tick.
-func (ms *members) hasLeader(ctx context.Context, i int) bool {
-	ctx, cancel := context.WithTimeout(ctx, ms.tick())
+// statusTimeout bounds hasLeader's Status call, whatever the tick: a
+// member farther away than a short settle time still answers.
+const statusTimeout = 5 * time.Second
+
+// hasLeader asks member i whether it knows its leader (etcd's Status):
+// answered is false when it did not answer within statusTimeout.
+func (ms *members) hasLeader(ctx context.Context, i int) (leader, answered bool) {
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := pb.NewMaintenanceClient(ms.conns[i]).Status(ctx, &pb.StatusRequest{}, grpc.WaitForReady(false))
-	return err == nil && st.Leader != 0
+	return err == nil && st.Leader != 0, err == nil
 }

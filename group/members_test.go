@@ -2,8 +2,10 @@ package group_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,19 +24,48 @@ import (
 // endpoint i.
 func dialScripted(t *testing.T, servers []*ws.Server, opts ...group.Option) *group.Group {
 	t.Helper()
-	at := map[string]*ws.Server{}
+	return dialScriptedDown(t, servers, func(int) bool { return false }, opts...)
+}
+
+// dialScriptedDown is dialScripted, with connections to server i refused
+// while down(i).
+func dialScriptedDown(t *testing.T, servers []*ws.Server, down func(int) bool, opts ...group.Option) *group.Group {
+	t.Helper()
+	return dialScriptedVia(t, servers, down, func(c net.Conn) net.Conn { return c }, opts...)
+}
+
+// dialScriptedVia is dialScriptedDown, each connection made through wrap.
+func dialScriptedVia(t *testing.T, servers []*ws.Server, down func(int) bool, wrap func(net.Conn) net.Conn, opts ...group.Option) *group.Group {
+	t.Helper()
+	at := map[string]int{}
 	var endpoints []string
-	for i, s := range servers {
+	for i := range servers {
 		ep := fmt.Sprintf("127.0.0.1:%d", i+1)
-		at[ep] = s
+		at[ep] = i
 		endpoints = append(endpoints, ep)
 	}
-	dialer := func(ctx context.Context, addr string) (net.Conn, error) { return at[addr].Connect(ctx) }
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		i := at[addr]
+		if down(i) {
+			return nil, errors.New("connection refused")
+		}
+		c, err := servers[i].Connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(c), nil
+	}
 	opts = append([]group.Option{group.WithDialOptions(dial.WithInsecure(), dial.WithGRPCOptions(grpc.WithContextDialer(dialer)))}, opts...)
 	g, err := group.Dial(endpoints, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, g.Close()) })
 	return g
+}
+
+// opened is the outcome of a Watch call made on another goroutine.
+type opened struct {
+	w   *etcdwatch.Watch
+	err error
 }
 
 var noLeader = status.Error(codes.Unavailable, "etcdserver: no leader")
@@ -50,10 +81,6 @@ func TestDialLeavesALeaderlessMemberAndGoesHome(t *testing.T) {
 	g := dialScripted(t, []*ws.Server{home, other}, group.WithStreams(1), group.WithHoming(100*time.Millisecond),
 		group.WithStreamOptions(etcdwatch.WithRequireLeader()))
 
-	type opened struct {
-		w   *etcdwatch.Watch
-		err error
-	}
 	done := make(chan opened, 1)
 	go func() { // returns once the watch is confirmed or refused, within the test's context
 		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
@@ -87,6 +114,136 @@ func TestDialLeavesALeaderlessMemberAndGoesHome(t *testing.T) {
 	back.Send(t, ws.Events(c2.WatchId, 7, ws.Put("k", "away", 6), ws.Put("k", "home", 7)))
 	requireEvent(t, o.w, "home", 7)
 	require.EqualValues(t, 1, g.Stats().Moved)
+}
+
+// TestDialWhileHomeIsDownGoesHomeLater: a Stream whose member is down at
+// Dial opens on the next member, and goes home once its member is up
+// (connected, with a leader) for the settle time; its watch resumes there.
+func TestDialWhileHomeIsDownGoesHomeLater(t *testing.T) {
+	home, other := ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")
+	other.SetLeader(1)
+	home.SetLeader(1)
+	var homeDown atomic.Bool
+	homeDown.Store(true)
+	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
+		group.WithStreams(1), group.WithHoming(100*time.Millisecond))
+
+	done := make(chan opened, 1)
+	go func() { // returns once the watch is confirmed or refused, within the test's context
+		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
+		done <- opened{w, err}
+	}()
+	away := other.Accept(t)
+	c := away.RecvCreate(t)
+	away.Send(t, ws.Created(c.WatchId, 5))
+	o := <-done
+	require.NoError(t, o.err)
+
+	homeDown.Store(false)
+	back := home.Accept(t)
+	c2 := back.RecvCreate(t)
+	require.EqualValues(t, 5, c2.StartRevision, "a watch that saw nothing resumes from its created header")
+	require.True(t, away.Ended(t), "the stream away from home ended")
+	back.Send(t, ws.Created(c2.WatchId, 6))
+	back.Send(t, ws.Events(c2.WatchId, 7, ws.Put("k", "home", 7)))
+	requireEvent(t, o.w, "home", 7)
+	require.EqualValues(t, 1, g.Stats().Moved)
+}
+
+// TestProgressWithHomeDownAtDial: a Stream whose home is down at Dial
+// works on the next member, and so does everything it asks of its
+// connection: its release probe (Status, waiting for a ready connection)
+// does not wait for the home, so RequestProgress is not held for it.
+func TestProgressWithHomeDownAtDial(t *testing.T) {
+	home, other := ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")
+	other.SetLeader(1)
+	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 }, group.WithStreams(1))
+
+	done := make(chan opened, 1)
+	go func() { // returns once the watch is confirmed or refused, within the test's context
+		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
+		done <- opened{w, err}
+	}()
+	away := other.Accept(t)
+	c := away.RecvCreate(t)
+	away.Send(t, ws.Created(c.WatchId, 5))
+	require.NoError(t, (<-done).err)
+
+	answered := make(chan error, 1)
+	go func() { // returns once answered, or when the test's context ends
+		_, err := g.RequestProgress(t.Context())
+		answered <- err
+	}()
+	req := away.Recv(t)
+	require.NotNil(t, req.GetProgressRequest(), "%v", req)
+	away.Send(t, ws.Progress(-1, 7))
+	require.NoError(t, <-answered)
+}
+
+// TestGoHomeBeforeTheCreateIsAnswered: a Stream sent home before its
+// create was answered away opens the watch at home: the error that ends
+// the stream away is one a new stream cures.
+func TestGoHomeBeforeTheCreateIsAnswered(t *testing.T) {
+	home, other := ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")
+	other.SetLeader(1)
+	home.SetLeader(1)
+	var homeDown atomic.Bool
+	homeDown.Store(true)
+	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
+		group.WithStreams(1), group.WithHoming(100*time.Millisecond))
+	done := make(chan opened, 1)
+	go func() { // returns once the watch is confirmed or refused, within the test's context
+		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
+		done <- opened{w, err}
+	}()
+	away := other.Accept(t)
+	away.RecvCreate(t)
+	homeDown.Store(false)
+	back := home.Accept(t)
+	c := back.RecvCreate(t)
+	back.Send(t, ws.Created(c.WatchId, 5))
+	require.NoError(t, (<-done).err)
+	require.True(t, away.Ended(t))
+}
+
+// slowConn delays every write by d: a member some way off.
+type slowConn struct {
+	net.Conn
+	d time.Duration
+}
+
+func (c slowConn) Write(b []byte) (int, error) {
+	time.Sleep(c.d) // the latency under test, not a wait for anything
+	return c.Conn.Write(b)
+}
+
+// TestHomingWithASettleShorterThanTheRoundTrip: the Status call that asks
+// the home for its leader is not bounded by the settle time, so a home
+// farther away than a short settle time is still found to have a leader,
+// and the Stream goes home.
+func TestHomingWithASettleShorterThanTheRoundTrip(t *testing.T) {
+	home, other := ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")
+	other.SetLeader(1)
+	home.SetLeader(1)
+	var homeDown atomic.Bool
+	homeDown.Store(true)
+	g := dialScriptedVia(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
+		func(c net.Conn) net.Conn { return slowConn{c, 40 * time.Millisecond} },
+		group.WithStreams(1), group.WithHoming(60*time.Millisecond))
+	done := make(chan opened, 1)
+	go func() { // returns once the watch is confirmed or refused, within the test's context
+		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
+		done <- opened{w, err}
+	}()
+	away := other.Accept(t)
+	c := away.RecvCreate(t)
+	away.Send(t, ws.Created(c.WatchId, 5))
+	require.NoError(t, (<-done).err)
+	homeDown.Store(false)
+	back := home.Accept(t)
+	c2 := back.RecvCreate(t)
+	back.Send(t, ws.Created(c2.WatchId, 5))
+	require.True(t, away.Ended(t))
 }
 
 // requireEvent reads the watch's next response and checks it is the put

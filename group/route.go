@@ -14,10 +14,13 @@ import (
 	"github.com/etcdwatch/etcdwatch/internal/rpcerr"
 )
 
-// memberState is what a route knows of one member when it chooses where an RPC
-// goes.
+// memberState is what a route knows of one member when it chooses where
+// an RPC goes.
 type memberState struct {
 	state connectivity.State // its connection's, now
+	// fresh: its connection has been neither ready nor failed since
+	// Dial, so it is making its first attempt.
+	fresh bool
 	// leaderless: a Watch RPC on it was refused or ended for want of a
 	// leader (WithRequireLeader), and it has not been seen with one since.
 	leaderless bool
@@ -25,16 +28,21 @@ type memberState struct {
 
 // choose returns the index in ms of the member an RPC goes to, ms being a
 // Stream's members in its order, its home first. The rule:
-//  1. the first that is ready and not known leaderless;
+//  1. the first that is ready, or making its first attempt to connect,
+//     and not known leaderless: so that a Stream opened with its group
+//     waits for its home rather than taking the first member to answer;
 //  2. else the first connecting (or idle) and not known leaderless: it
 //     may be up in a moment, and an RPC on it waits for its connection;
 //  3. else the first ready, though leaderless: with no member better,
 //     it may have its leader back by the time the RPC reaches it;
-//  4. else the home: every connection is down, and the RPC fails there
-//     as anywhere, until one is back.
+//  4. else the home: every connection is down. An RPC that fails fast
+//     fails there as anywhere; one that waits for a ready connection
+//     waits for the route's (route.call), not for the home's.
 func choose(ms []memberState) int {
 	tiers := []func(memberState) bool{
-		func(h memberState) bool { return h.state == connectivity.Ready && !h.leaderless },
+		func(h memberState) bool {
+			return (h.state == connectivity.Ready || h.fresh && h.state != connectivity.TransientFailure) && !h.leaderless
+		},
 		func(h memberState) bool {
 			return (h.state == connectivity.Connecting || h.state == connectivity.Idle) && !h.leaderless
 		},
@@ -51,7 +59,7 @@ func choose(ms []memberState) int {
 }
 
 // errHome is the cause with which a route ends a Watch RPC away from its
-// home member once the home is back (members.homeward).
+// home member once the home is back (members.check).
 var errHome = errors.New("etcdwatch/group: going back to the stream's own member")
 
 // route is the connection of one of Dial's Streams, and of the pinned
@@ -72,7 +80,7 @@ type route struct {
 func (r *route) pick() int {
 	hs := make([]memberState, len(r.order))
 	for k, i := range r.order {
-		hs[k] = memberState{state: r.ms.conns[i].GetState(), leaderless: r.ms.isLeaderless(i)}
+		hs[k] = r.ms.memberState(i)
 	}
 	return r.order[choose(hs)]
 }
@@ -80,17 +88,61 @@ func (r *route) pick() int {
 func (r *route) home() int { return r.order[0] }
 
 func (r *route) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return r.ms.conns[r.pick()].Invoke(ctx, method, args, reply, opts...)
+	return r.call(ctx, opts, func(cc *grpc.ClientConn, opts []grpc.CallOption) error {
+		return cc.Invoke(ctx, method, args, reply, opts...)
+	})
 }
 
 func (r *route) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	m := r.pick()
-	cc := r.ms.conns[m]
-	if method != pb.Watch_Watch_FullMethodName {
-		return cc.NewStream(ctx, desc, method, opts...)
+	if method == pb.Watch_Watch_FullMethodName {
+		return r.newWatch(ctx, desc, opts)
 	}
+	var cs grpc.ClientStream
+	err := r.call(ctx, opts, func(cc *grpc.ClientConn, opts []grpc.CallOption) error {
+		var err error
+		cs, err = cc.NewStream(ctx, desc, method, opts...)
+		return err
+	})
+	return cs, err
+}
+
+// call makes one attempt of an RPC on the member pick chooses. An RPC
+// that waits for a ready connection (grpc.WaitForReady(true)) waits for
+// the route's, not for one member's: each attempt fails fast, and one
+// refused for want of a connection (its member's no longer ready) is made
+// again on the member then chosen, after waiting for a change while the
+// route has no connection to offer. An Unavailable from a member still
+// connected is the server's answer, and returned.
+func (r *route) call(ctx context.Context, opts []grpc.CallOption, attempt func(*grpc.ClientConn, []grpc.CallOption) error) error {
+	if !rpcerr.WaitsForReady(opts) {
+		return attempt(r.ms.conns[r.pick()], opts)
+	}
+	failFast := append(opts[:len(opts):len(opts)], grpc.WaitForReady(false))
+	for {
+		changed := r.ms.changes()
+		cc := r.ms.conns[r.pick()]
+		err := attempt(cc, failFast)
+		if status.Code(err) != codes.Unavailable || cc.GetState() == connectivity.Ready {
+			return err
+		}
+		if r.GetState() != connectivity.TransientFailure {
+			continue
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return status.FromContextError(context.Cause(ctx)).Err()
+		}
+	}
+}
+
+// newWatch opens a Watch RPC on the member pick chooses, and records it
+// until it ends. The Stream opens its Watch RPCs failing fast, and waits
+// for the route's state itself (GetState, WaitForStateChange).
+func (r *route) newWatch(ctx context.Context, desc *grpc.StreamDesc, opts []grpc.CallOption) (grpc.ClientStream, error) {
+	m := r.pick()
 	ctx, cancel := context.WithCancelCause(ctx)
-	cs, err := cc.NewStream(ctx, desc, method, opts...)
+	cs, err := r.ms.conns[m].NewStream(ctx, desc, pb.Watch_Watch_FullMethodName, opts...)
 	if err != nil {
 		cancel(nil)
 		return nil, err

@@ -18,6 +18,7 @@ func TestChoose(t *testing.T) {
 	)
 	up := func(s connectivity.State) memberState { return memberState{state: s} }
 	noLeader := func(s connectivity.State) memberState { return memberState{state: s, leaderless: true} }
+	fresh := func(s connectivity.State) memberState { return memberState{state: s, fresh: true} }
 	for _, tc := range []struct {
 		name string
 		ms   []memberState
@@ -35,6 +36,11 @@ func TestChoose(t *testing.T) {
 		{"all down: home", []memberState{up(fail), up(fail), noLeader(fail)}, 0},
 		{"closed: home", []memberState{up(shut), up(shut)}, 0},
 		{"one member", []memberState{up(fail)}, 0},
+		{"home on its first attempt: wait for it", []memberState{fresh(conn), up(ready)}, 0},
+		{"home idle before its first attempt", []memberState{fresh(idle), up(ready)}, 0},
+		{"home's first attempt failed", []memberState{fresh(fail), up(ready)}, 1},
+		{"fresh but leaderless", []memberState{{state: conn, fresh: true, leaderless: true}, up(ready)}, 1},
+		{"a fresh member after home", []memberState{up(fail), fresh(conn), up(ready)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, choose(tc.ms))

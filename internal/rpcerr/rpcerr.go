@@ -1,6 +1,8 @@
 // Package rpcerr reads what etcd says when it refuses something: which gRPC
 // codes no retry can cure, and what the texts of its cancel reasons mean.
-// It is the one place in etcdwatch that reads the server's text.
+// It is the one place in etcdwatch that reads the server's text. It also
+// tells whether a call waits for a ready connection, for those that
+// retry a call that failed for want of one.
 package rpcerr
 
 import (
@@ -9,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -120,4 +123,17 @@ func Classify(reason string) Kind {
 func NoLeader(err error) bool {
 	s, ok := status.FromError(err)
 	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "no leader")
+}
+
+// WaitsForReady reports whether opts make an RPC wait for a ready
+// connection (grpc.WaitForReady(true)) rather than fail fast; the last
+// such option wins.
+func WaitsForReady(opts []grpc.CallOption) bool {
+	ready := false
+	for _, o := range opts {
+		if ff, ok := o.(grpc.FailFastCallOption); ok {
+			ready = !ff.FailFast
+		}
+	}
+	return ready
 }
