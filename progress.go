@@ -142,6 +142,8 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		return // an answer to a request sent before the release was known: it may run ahead
 	}
 	p := &d.progress
+	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil } // its caller returned: not asked for again
+	p.waiting = slices.DeleteFunc(p.waiting, gone)
 	covered := p.coverage()
 	var uncovered int64 // the oldest create id of a watch the answer did not bookmark, if missed
 	missed := false
@@ -153,7 +155,7 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		}
 	}
 	if len(p.waiting) > 0 { // only calls care: not scanned for every answer
-		if id, ok := d.unconfirmedMove(); ok && (!missed || id < uncovered) {
+		if id, ok := d.unconfirmed(); ok && (!missed || id < uncovered) {
 			uncovered, missed = id, true
 		}
 	}
@@ -287,19 +289,24 @@ func (d *dispatcher) resendProgress() {
 	}
 }
 
-// unconfirmedMove returns the create id of the oldest watch created again
-// on this stream (after the last one ended, or compacted just past its
-// revision) and not confirmed yet, which no answer can bookmark: 1, below
-// every id, while one still waits in toCreate for its create (one create
-// at a time). ok is false when there is none.
-func (d *dispatcher) unconfirmedMove() (id int64, ok bool) {
+// unconfirmed returns the create id of the oldest watch not confirmed yet
+// on this stream, which no answer can bookmark: a watch's first create,
+// or a watch created again (after the last stream ended, or compacted just
+// past its revision); 1, below every id, while such a watch created again
+// still waits in toCreate for its create (one create at a time). ok is
+// false when there is none. A paused watch's resume does not count: a
+// paused watch is not covered until it resumes. A first create counts
+// because etcd's send loop may put an answer before that create's
+// created response, and holds the watch's events until after it, so the
+// answer says nothing of them.
+func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
 		if w.entry.is(recreated) {
 			return 1, true
 		}
 	}
 	for w := range d.pending.All() { // in create order: the first is the oldest
-		if w.entry.is(recreated) {
+		if w.entry.is(recreated) || w.entry.created != nil && !w.entry.is(probe) && w.entry.state != stateAbandoned {
 			return w.entry.reqID, true
 		}
 	}

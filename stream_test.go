@@ -155,7 +155,12 @@ func recv[T any](t *testing.T, ch <-chan T, call string) T {
 // requests it wrote before the progress request are all it had to write.
 func (h *harness) barrier(rev int64) []*pb.WatchRequest {
 	h.t.Helper()
-	got := h.progressAsync()
+	ctx, cancel := context.WithCancel(h.t.Context())
+	got := make(chan error, 1)
+	go func() { // returns once canceled below, if not answered before
+		_, err := h.s.RequestProgress(ctx)
+		got <- err
+	}()
 	var before []*pb.WatchRequest
 	for {
 		req := h.srv.Recv(h.t)
@@ -164,8 +169,12 @@ func (h *harness) barrier(rev int64) []*pb.WatchRequest {
 		}
 		before = append(before, req)
 	}
+	// The call's request marks the place; the call itself may wait for
+	// creates the test has not answered yet, so it is let go before the
+	// answer, which then bookmarks the watches and asks nothing again.
+	cancel()
+	<-got
 	h.srv.Send(h.t, ws.Progress(-1, rev))
-	require.NoError(h.t, recvProgress(h.t, got).err)
 	return before
 }
 
@@ -1007,6 +1016,37 @@ func TestProgressWaitsForAWatchCreatedAgain(t *testing.T) {
 	r := next(t, a)
 	require.True(t, r.IsProgress())
 	require.Equal(t, int64(10), r.Revision)
+}
+
+// TestProgressWaitsForAFirstCreateSentBeforeIt: a watch's first create
+// is out, unanswered, when RequestProgress begins, and the answer comes
+// before the created response (etcd's sender picks either first, and holds
+// the watch's events until its created response is out). The call asks
+// again, and returns once an answer comes after the watch's event.
+// Catches a call that returns a revision while a watch it began with has
+// events at or below it still to come.
+func TestProgressWaitsForAFirstCreateSentBeforeIt(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk)) // a clock that does not move: no request is asked again by the timer
+	h.watch(etcdwatch.Key("a"), 5)
+	res := h.watchAsync(t.Context(), etcdwatch.Key("b"))
+	c := h.srv.RecvCreate(t) // sent, not answered yet
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 9)) // before b's created response
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: b was not bookmarked")
+	h.srv.Send(t, ws.Created(c.WatchId, 5))
+	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("b", "v", 7)))
+	b := recvResult(t, res).w
+	require.Equal(t, int64(7), next(t, b).Events[0].ModRevision)
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %v before b's event", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 9))
+	require.Equal(t, int64(9), recvProgress(t, got).rev)
+	require.Equal(t, int64(9), next(t, b).Revision)
 }
 
 // TestProgressNotHeldByLaterCreates: a watch is opened between each

@@ -387,6 +387,56 @@ func TestSubscribeInsideARestoredRelist(t *testing.T) {
 	require.Zero(t, vh.v.Stats().Resyncs, "not a subscriber that fell behind")
 }
 
+// TestSubscribeAheadOfTheViewThenRelisted: a subscriber holds the
+// range's state at a revision another View of it reached, and subscribes
+// to a View behind it. When that View's next batch is Relisted, its
+// changes are the difference from the View's older state, not the
+// subscriber's: the subscriber gets a Resync, not counted. A relist to a
+// revision the subscriber holds already is skipped instead, and the
+// batches after it start at the subscriber's revision. Catches the
+// Relisted batch given as if from the subscriber's revision ("created"
+// for a key it holds).
+func TestSubscribeAheadOfTheViewThenRelisted(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.Put("v/a", "1")
+	ahead := openView(h, view.DecodeBytes)
+	behind := openView(h, view.DecodeBytes)
+	ahead.send(kv.PutEvent("v/b", "1")) // behind has not had it
+	held := ahead.v.Snapshot()
+	sub := behind.v.Subscribe(context.Background(), held.Revision())
+	kv.Put("v/b", "2")
+	behind.compacted()
+	behind.confirm()
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Resync, b.Kind, "%v %d->%d %v", b.Kind, b.From, b.Revision, summary(b))
+	require.Equal(t, behind.v.Revision(), b.Revision)
+	require.Zero(t, behind.v.Stats().Resyncs, "not a subscriber that fell behind")
+}
+
+// TestSubscribeAheadOfARelistThatEndsBeforeIt: a subscriber ahead of a
+// View whose relist ends at or before the subscriber's revision has that
+// state or a later one: the Relisted batch is skipped, and the next batch
+// starts at the subscriber's revision.
+func TestSubscribeAheadOfARelistThatEndsBeforeIt(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.Put("v/a", "1")
+	behind := openView(h, view.DecodeBytes)
+	behind.compacted()
+	c := behind.isolated().RecvCreate(t) // sent once the relist has listed the store
+	rev := kv.Put("v/b", "1")
+	sub := behind.v.Subscribe(context.Background(), rev) // the state at rev, held from elsewhere
+	behind.id = c.WatchId
+	behind.srv.Send(t, ws.Created(c.WatchId, c.StartRevision))
+	ev := kv.PutEvent("v/c", "1")
+	behind.send(ev)
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Events, b.Kind, "%v %d->%d %v", b.Kind, b.From, b.Revision, summary(b))
+	require.Equal(t, rev, b.From)
+	require.Equal(t, []string{"created v/c"}, summary(b))
+}
+
 // TestSubscriptionsEndedByTheirContextAreForgotten: a subscription whose
 // context ends leaves its View's count, as one closed does; and one whose
 // view ended says so in Err once Next has returned the view's end.

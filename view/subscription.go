@@ -11,7 +11,8 @@ import (
 // Subscription is one subscriber's cursor into a view's batches, from
 // View.Subscribe (the zero Subscription is not usable). Its batches come
 // in revision order, each starting where the one before ended (From is the
-// previous Revision). Next and Batches are for one goroutine at a time;
+// previous Revision), but a Resync, which replaces the whole state (From
+// 0). Next and Batches are for one goroutine at a time;
 // Close and Err may be called from any.
 type Subscription[T any] struct {
 	c       *core[T]
@@ -43,14 +44,7 @@ func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint
 		sub.resync, sub.asked = true, rev <= 0
 	} else {
 		i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision > rev })
-		sub.next = h.first + uint64(i)
-		if i < len(h.items) && h.items[i].b.Kind == Relisted && rev > h.items[i].b.same {
-			// Within a Relisted step beyond what the view knows of its start
-			// (rev a subscriber saved, past a saved state the view restored
-			// from): what changed up to rev is not known. The Resync is not
-			// counted: the subscriber did not fall behind.
-			sub.resync, sub.asked = true, true
-		}
+		sub.next = h.first + uint64(i) // its first batch, checked by poll (held, unknownStart)
 	}
 	h.mu.Unlock()
 	sub.mu.Lock()
@@ -136,6 +130,10 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 		if s.held(b) {
 			return s.poll()
 		}
+		if s.unknownStart(b) {
+			s.resync, s.asked = true, true
+			return s.poll()
+		}
 		return s.trimFirst(b), nil, nil
 	case h.over:
 		h.mu.Unlock()
@@ -164,10 +162,31 @@ func (s *Subscription[T]) resyncTo(snap *Snapshot[T], asked bool) (Batch[T], <-c
 // held reports whether the subscriber holds all of b already: a step that
 // ends at or before the state its first batch starts from, such as a
 // progress batch published late (progressGap) after the view moved there
-// and a Resync or Subscribe gave it that state. Such a step is skipped;
-// the first batch is still to come.
+// and a Resync or Subscribe gave it that state, or a relist of a view
+// behind the subscriber to a revision it holds already. Such a step is
+// skipped; the first batch is still to come.
 func (s *Subscription[T]) held(b Batch[T]) bool {
-	return s.from > 0 && b.Kind == Events && b.Revision < s.from
+	switch {
+	case s.from <= 0:
+		return false
+	case b.Kind == Events:
+		return b.Revision < s.from
+	case b.Kind == Relisted: // one to the subscriber's revision is given, so that it sees the relist
+		return b.Revision < s.from-1
+	}
+	return false
+}
+
+// unknownStart reports whether b, the subscription's first batch, is a
+// Relisted step from a state before the subscriber's that the view knows
+// less of than the subscriber holds: the subscriber's revision is past
+// b.same, the last revision the view knows the step's start at (a
+// revision it saved past a saved state the view restored from, or one
+// taken from another View of the range that was ahead). What changed up
+// to that revision is not known, so b's changes are not the subscriber's:
+// it gets a Resync instead, not counted, since it did not fall behind.
+func (s *Subscription[T]) unknownStart(b Batch[T]) bool {
+	return s.from > 0 && b.Kind == Relisted && s.from-1 > b.same
 }
 
 // trimFirst trims the subscription's first batch to the revisions after

@@ -274,8 +274,12 @@ func (v *View[T]) Sync(ctx context.Context) error {
 // for a key created and deleted again that a Sync by read moved the view
 // past; see Sync). For
 // rev <= 0 (it holds nothing), or a rev the view's history no longer
-// reaches back to, the first batch is a Resync of the current state. The
-// view never waits for a subscriber: one that falls more than
+// reaches back to, the first batch is a Resync of the current state. A
+// rev the view has not reached (taken from another View of the range)
+// is the subscriber's state too: batches that end before it are skipped,
+// and a relist whose difference starts before it, which is not the
+// subscriber's difference, is a Resync instead. The view never waits for
+// a subscriber: one that falls more than
 // WithHistoryBytes behind gets a Resync instead of what it missed. The
 // subscription ends with ctx, at its Close, or with the View.
 //
