@@ -39,12 +39,14 @@ func (d *dispatcher) flushCreates() {
 		w, _ := d.toCreate.Pop()
 		e := &w.entry
 		if e.state == stateAbandoned {
+			d.progress.sentUpTo(w, d.nextID)
 			d.forget(w)
 			continue
 		}
 		e.reqID = d.newID()
 		d.outbox = append(d.outbox, wireRequest{kind: requestCreate, id: e.reqID, start: e.start(d.s.stats.revision.Load()), watch: &w.req})
 		d.pending.Push(w)
+		d.progress.sentUpTo(w, e.reqID)
 		if !d.asked {
 			d.asked = true
 			d.l.state.ask()
@@ -135,6 +137,8 @@ func (d *dispatcher) handleCreated(resp *wireResponse) {
 	}
 	d.pending.Pop()
 	defer d.flushCreates()
+	defer d.createAnswered() // once w is active, or ended
+
 	if resp.Canceled {
 		d.handleRefused(w, classifyReason(resp.CancelReason))
 		return

@@ -24,6 +24,11 @@ type progressWaiter struct {
 	// created again from its next revision (compacted), sets it so until
 	// the creates queued then are sent (awaitAll, allSent).
 	needs int64
+	// upTo is the last watch queued in toCreate when the call began, on a
+	// stream that takes creates one at a time: once its create is sent,
+	// needs is its create id, and watches queued after it are not waited
+	// for. nil otherwise.
+	upTo *Watch
 }
 
 // allCreates is a progressWaiter's needs once it waits for every watch.
@@ -46,13 +51,17 @@ type progressResult struct {
 // or the retry timer fires; and an answer below the highest revision the
 // stream had seen when a call began is too old for that call, which waits on.
 type progressState struct {
-	retry           progressRetry
-	waiting         []*progressWaiter // covered by the request in flight
-	next            []*progressWaiter // joined after that request was sent
-	held            []*progressWaiter // arrived before the servers' release was known
-	inFlight        bool
-	queued          bool // a request waits in the outbox, not yet handed to the session
-	clock.Stoppable      // runs while a request is in flight
+	retry    progressRetry
+	waiting  []*progressWaiter // covered by the request in flight
+	next     []*progressWaiter // joined after that request was sent
+	held     []*progressWaiter // arrived before the servers' release was known
+	inFlight bool
+	queued   bool // a request waits in the outbox, not yet handed to the session
+	// afterCreate: the last answer left calls waiting only for creates not
+	// confirmed yet, which no answer can cover until they are: the next
+	// request goes once one is answered (createAnswered), or at the timer.
+	afterCreate     bool
+	clock.Stoppable // runs while a request is in flight
 
 	// covers are the requests in flight on this stream, oldest first, in
 	// runs of requests sent after the same last create id; covered is the
@@ -117,6 +126,9 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	p.needs = d.nextID
 	if d.sess == nil || d.toCreate.Len() > 0 {
 		p.needs = allCreates // some watches have no create id yet: see allSent
+		if last := d.toCreate.Last(); d.sess != nil && last != nil {
+			p.upTo = *last
+		}
 	}
 	switch {
 	case d.failed != nil:
@@ -154,18 +166,21 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 			uncovered, missed = w.entry.reqID, true
 		}
 	}
+	var unconfirmed int64 // the oldest create id of a watch not confirmed yet, if waits
+	waits := false
 	if len(p.waiting) > 0 { // only calls care: not scanned for every answer
-		if id, ok := d.unconfirmed(); ok && (!missed || id < uncovered) {
-			uncovered, missed = id, true
-		}
+		unconfirmed, waits = d.unconfirmed()
 	}
 	rev := resp.Header.Revision
 	var stay []*progressWaiter
-	short := false // some call waits for a watch the answer did not cover
+	short := false    // some call waits for a watch the answer did not cover
+	creating := false // some call waits for a create not confirmed yet
 	for _, w := range p.waiting {
 		switch {
 		case missed && uncovered <= w.needs:
 			stay, short = append(stay, w), true
+		case waits && unconfirmed <= w.needs:
+			stay, creating = append(stay, w), true
 		case rev < w.minRev: // too old for it
 			stay = append(stay, w)
 		default:
@@ -174,6 +189,12 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	}
 	p.waiting, p.next = append(stay, p.next...), nil
 	switch {
+	case creating && !short:
+		// Asking again before the create is confirmed gets an answer
+		// that cannot cover it: the next request goes once a create is
+		// answered, or at the timer if none is.
+		p.inFlight, p.afterCreate = false, true
+		p.Reset(d.clock, p.retry.next())
 	case len(stay) > 0 && !short:
 		// Too old for some (the member is behind the revision the Stream
 		// had seen): the timer asks again, the series of delays going on,
@@ -194,9 +215,21 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	}
 }
 
+// createAnswered asks again, now that a create is answered, for the calls
+// the last answer left waiting only for creates (afterCreate).
+func (d *dispatcher) createAnswered() {
+	p := &d.progress
+	if !p.afterCreate {
+		return
+	}
+	p.Stop()
+	d.handleProgressTimeout()
+}
+
 // handleProgressTimeout asks again for everyone still waiting.
 func (d *dispatcher) handleProgressTimeout() {
 	p := &d.progress
+	p.afterCreate = false
 	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil }
 	p.waiting = append(slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)...)
 	p.next = nil
@@ -269,7 +302,7 @@ func (p *progressState) suspend() {
 	p.waiting = append(p.waiting, p.next...)
 	p.next = nil
 	p.awaitAll() // its watches are created again, with new ids
-	p.inFlight = false
+	p.inFlight, p.afterCreate = false, false
 	p.Stop()
 }
 
@@ -278,7 +311,7 @@ func (p *progressState) suspend() {
 // again, with a new id.
 func (p *progressState) awaitAll() {
 	for _, w := range slices.Concat(p.waiting, p.next) {
-		w.needs = allCreates
+		w.needs, w.upTo = allCreates, nil
 	}
 }
 
@@ -318,7 +351,20 @@ func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 // far, and no later ones.
 func (p *progressState) allSent(lastCreate int64) {
 	for _, w := range slices.Concat(p.waiting, p.next) {
-		w.needs = min(w.needs, lastCreate)
+		w.needs, w.upTo = min(w.needs, lastCreate), nil
+	}
+}
+
+// sentUpTo is called once w's create has been sent (or w dropped unsent),
+// with the last create id sent: calls that began with w last in line now
+// wait for the creates sent so far, and no later ones.
+func (p *progressState) sentUpTo(w *Watch, lastCreate int64) {
+	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
+		for _, c := range calls {
+			if c.upTo == w {
+				c.needs, c.upTo = min(c.needs, lastCreate), nil
+			}
+		}
 	}
 }
 

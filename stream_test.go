@@ -989,8 +989,8 @@ func TestStreamProgressDoesNotCoverALaterCreate(t *testing.T) {
 // the stream ends; on the next one the watch is created again and the
 // request asked again, and the answer comes before the created response
 // (etcd's sender picks either first). The watch is not bookmarked by that
-// answer, so the call asks again and returns once an answer reaches the
-// watch too. Catches a call answered while a watch it began with had no
+// answer, so the call asks again once the create is answered, and returns
+// once an answer reaches the watch too. Catches a call answered while a watch it began with had no
 // bookmark.
 func TestProgressWaitsForAWatchCreatedAgain(t *testing.T) {
 	clk := clock.NewFake()
@@ -1003,8 +1003,8 @@ func TestProgressWaitsForAWatchCreatedAgain(t *testing.T) {
 	c := h.srv.RecvCreate(t)
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again on the new stream")
 	h.srv.Send(t, ws.Progress(-1, 10))
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: a was not bookmarked")
 	h.srv.Send(t, ws.Created(c.WatchId, 10))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once a's create was answered: a was not bookmarked")
 	h.await(func() bool { return h.s.Stats().Moved == 1 })
 	select {
 	case r := <-got:
@@ -1022,7 +1022,8 @@ func TestProgressWaitsForAWatchCreatedAgain(t *testing.T) {
 // is out, unanswered, when RequestProgress begins, and the answer comes
 // before the created response (etcd's sender picks either first, and holds
 // the watch's events until its created response is out). The call asks
-// again, and returns once an answer comes after the watch's event.
+// again once the create is answered, and returns once an answer comes
+// after the watch's event.
 // Catches a call that returns a revision while a watch it began with has
 // events at or below it still to come.
 func TestProgressWaitsForAFirstCreateSentBeforeIt(t *testing.T) {
@@ -1034,9 +1035,9 @@ func TestProgressWaitsForAFirstCreateSentBeforeIt(t *testing.T) {
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Progress(-1, 9)) // before b's created response
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: b was not bookmarked")
 	h.srv.Send(t, ws.Created(c.WatchId, 5))
 	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("b", "v", 7)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once b's create was answered: b was not bookmarked")
 	b := recvResult(t, res).w
 	require.Equal(t, int64(7), next(t, b).Events[0].ModRevision)
 	select {
@@ -1047,6 +1048,66 @@ func TestProgressWaitsForAFirstCreateSentBeforeIt(t *testing.T) {
 	h.srv.Send(t, ws.Progress(-1, 9))
 	require.Equal(t, int64(9), recvProgress(t, got).rev)
 	require.Equal(t, int64(9), next(t, b).Revision)
+}
+
+// TestProgressAsksAgainOnceTheCreateIsAnswered: an answer that leaves a
+// call waiting only for a create not confirmed yet is not followed by
+// another request at once, which would get an answer that cannot cover
+// that create either (a request per round trip for as long as the create
+// takes): the next request goes once the create is answered. The cancel of
+// another watch marks the place: it is the next request after the answer.
+func TestProgressAsksAgainOnceTheCreateIsAnswered(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk)) // a clock that does not move: no request is asked again by the timer
+	h.watch(etcdwatch.Key("a"), 5)
+	marker := h.watch(etcdwatch.Key("c"), 5)
+	res := h.watchAsync(t.Context(), etcdwatch.Key("b"))
+	c := h.srv.RecvCreate(t) // sent, not answered
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 9))
+	h.handledAll()
+	marker.Cancel()
+	require.NotNil(t, h.srv.Recv(t).GetCancelRequest(), "nothing asked again while b's create is unanswered")
+	h.srv.Send(t, ws.Created(c.WatchId, 5))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once b's create was answered")
+	require.NoError(t, recvResult(t, res).err)
+	h.srv.Send(t, ws.Progress(-1, 9))
+	require.Equal(t, int64(9), recvProgress(t, got).rev)
+}
+
+// TestProgressNotHeldByCreatesQueuedDuringItOneAtATime: on a stream that
+// takes one create at a time, a call that began with a create in flight
+// and one queued waits for those two, and not for the watches opened
+// during it, queued behind them. Catches a call waiting for every create
+// until the queue is empty, which watches opened during it can keep from
+// ever happening.
+func TestProgressNotHeldByCreatesQueuedDuringItOneAtATime(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAsync(t.Context(), etcdwatch.Key("z"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 10)) // its own id: one create at a time from now on
+	require.NoError(t, recvResult(t, res).err)
+	h.watchAsync(t.Context(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)                           // a in flight
+	h.watchAsync(t.Context(), etcdwatch.Key("b")) // queued behind a
+	h.await(func() bool { return h.s.Stats().Watches == 3 })
+	got := h.progressAsync() // began with z, a (sent) and b (queued)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+
+	h.watchAsync(t.Context(), etcdwatch.Key("k0")) // opened during the call
+	h.await(func() bool { return h.s.Stats().Watches == 4 })
+	h.srv.Send(t, ws.Created(101, 10)) // a
+	require.Equal(t, "b", string(h.srv.RecvCreate(t).Key))
+	h.srv.Send(t, ws.Progress(-1, 10)) // b not confirmed: the call waits
+
+	h.watchAsync(t.Context(), etcdwatch.Key("k1")) // opened during the call
+	h.await(func() bool { return h.s.Stats().Watches == 5 })
+	h.srv.Send(t, ws.Created(102, 10)) // b
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once b's create was answered")
+	require.Equal(t, "k0", string(h.srv.RecvCreate(t).Key))
+	h.srv.Send(t, ws.Progress(-1, 10)) // covers z, a and b; k0 and k1 came after the call
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
 // TestProgressNotHeldByLaterCreates: a watch is opened between each
@@ -1158,8 +1219,8 @@ func TestProgressWaitsForAWatchQueuedToBeCreatedAgain(t *testing.T) {
 	require.Equal(t, "a", string(ca.Key), "a first, then z, one at a time")
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
 	h.srv.Send(t, ws.Progress(-1, 1)) // before a's created response
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: z is not created again yet")
 	h.srv.Send(t, ws.Created(101, 1))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once a's create was answered: z is not created again yet")
 	cz := h.srv.RecvCreate(t)
 	require.Equal(t, "z", string(cz.Key))
 	h.srv.Send(t, ws.Created(102, 1))
