@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -124,4 +125,23 @@ func track(conn grpc.ClientConnInterface) (grpc.ClientConnInterface, *tracked) {
 		return trackedState{t, s}, t
 	}
 	return t, t
+}
+
+// turns sends each RPC on the next of conns in turn. Its methods are safe
+// for concurrent use.
+type turns struct {
+	conns []grpc.ClientConnInterface // fixed once the group is made
+	next  atomic.Uint64
+}
+
+func (t *turns) conn() grpc.ClientConnInterface {
+	return t.conns[(t.next.Add(1)-1)%uint64(len(t.conns))]
+}
+
+func (t *turns) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return t.conn().Invoke(ctx, method, args, reply, opts...)
+}
+
+func (t *turns) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return t.conn().NewStream(ctx, desc, method, opts...)
 }

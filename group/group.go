@@ -29,6 +29,7 @@ type Group struct {
 	// members follows Dial's connections and routes its Streams over
 	// them; nil with New. Set before Dial returns, then fixed.
 	members *members
+	turns   *turns // Conn's: the own Streams' connections in turn; fixed from New to Close
 	opts    options
 	base    context.Context         // ends at Close with etcdwatch.ErrClosed: Context's
 	stop    context.CancelCauseFunc // ends base
@@ -172,6 +173,7 @@ func start(conns []grpc.ClientConnInterface, owned []*grpc.ClientConn, o options
 		pinning: make([]int, len(conns)),
 		pinned:  map[*slot]struct{}{},
 	}
+	g.turns = &turns{}
 	for i, conn := range conns {
 		sl, err := open(strconv.Itoa(i), conn, o.stream)
 		if err != nil {
@@ -181,6 +183,7 @@ func start(conns []grpc.ClientConnInterface, owned []*grpc.ClientConn, o options
 			return nil, err
 		}
 		g.own = append(g.own, sl)
+		g.turns.conns = append(g.turns.conns, sl.stream.Conn())
 	}
 	g.base, g.stop = context.WithCancelCause(context.Background())
 	g.rest = etcdwatch.State{Connected: true, Since: time.Now()} // no pinned Stream yet: none is down
@@ -710,10 +713,11 @@ func (g *Group) Close() error {
 	return nil
 }
 
-// Conn returns the connection of the group's first Stream, with the
-// Streams' call options (Stream.Conn), for RPCs of a wing's own (a view's
-// Range calls).
-func (g *Group) Conn() grpc.ClientConnInterface { return g.own[0].stream.Conn() }
+// Conn returns a connection for RPCs of a wing's own (a view's Range
+// calls), with the Streams' call options (Stream.Conn): each RPC goes on
+// the connection of the group's next Stream in turn, so that with Dial the
+// reads of many views spread over the members as their watches do.
+func (g *Group) Conn() grpc.ClientConnInterface { return g.turns }
 
 // Context returns a context that ends at Close, with cause
 // etcdwatch.ErrClosed, for a wing's goroutines.

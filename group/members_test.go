@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -258,5 +259,24 @@ func requireEvent(t *testing.T, w *etcdwatch.Watch, value string, rev int64) {
 		require.Equal(t, rev, resp.Events[0].ModRevision)
 	case <-timeout():
 		t.Fatal("no event")
+	}
+}
+
+// TestConnSpreadsReadsOverMembers: the group's Conn, which a view's reads
+// use, takes the group's Streams' connections in turn, so that with Dial
+// the reads go to every member, not all to the first.
+func TestConnSpreadsReadsOverMembers(t *testing.T) {
+	servers := []*ws.Server{ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")}
+	for _, s := range servers {
+		s.SetLeader(1)
+	}
+	g := dialScripted(t, servers)
+	kv := pb.NewKVClient(g.Conn())
+	for range 6 {
+		_, err := kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("k")})
+		require.NoError(t, err)
+	}
+	for i, s := range servers {
+		require.Len(t, s.KV().Requests(), 2, "member %d's reads", i)
 	}
 }
