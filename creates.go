@@ -192,6 +192,7 @@ func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 	case errors.Is(err, ErrUnauthenticated) && !e.is(authRetried):
 		e.set(authRetried, true)
 		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
+		unconfirmedAgain(w)
 		d.toCreate.Push(w)
 		d.sess.exit(errStaleCredentials)
 	default:

@@ -375,6 +375,7 @@ func (d *dispatcher) compacted(w *Watch, id, compactRev int64) bool {
 	e.state = stateCreating
 	d.progress.awaitAll() // the calls waiting when it was compacted wait for its new create too
 	d.toCreate.Push(w)
+	d.progress.awaitUpTo(w)
 	d.flushCreates()
 	return true
 }

@@ -24,10 +24,11 @@ type progressWaiter struct {
 	// created again from its next revision (compacted), sets it so until
 	// the creates queued then are sent (awaitAll, allSent).
 	needs int64
-	// upTo is the last watch queued in toCreate when the call began, on a
-	// stream that takes creates one at a time: once its create is sent,
-	// needs is its create id, and watches queued after it are not waited
-	// for. nil otherwise.
+	// upTo is the last watch queued in toCreate when the call began, or
+	// when a stream's end or a compaction made it wait for every watch
+	// (awaitUpTo): once its create is sent, needs is its create id, and
+	// watches queued after it are not waited for, on a stream that takes
+	// creates one at a time as on any other. nil otherwise.
 	upTo *Watch
 }
 
@@ -126,7 +127,7 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	p.needs = d.nextID
 	if d.sess == nil || d.toCreate.Len() > 0 {
 		p.needs = allCreates // some watches have no create id yet: see allSent
-		if last := d.toCreate.Last(); d.sess != nil && last != nil {
+		if last := d.toCreate.Last(); last != nil {
 			p.upTo = *last
 		}
 	}
@@ -155,7 +156,7 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	}
 	p := &d.progress
 	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil } // its caller returned: not asked for again
-	p.waiting = slices.DeleteFunc(p.waiting, gone)
+	p.waiting, p.next = slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)
 	covered := p.coverage()
 	var uncovered int64 // the oldest create id of a watch the answer did not bookmark, if missed
 	missed := false
@@ -188,6 +189,7 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		}
 	}
 	p.waiting, p.next = append(stay, p.next...), nil
+	p.afterCreate = false // set again below while only creates hold calls
 	switch {
 	case creating && !short:
 		// Asking again before the create is confirmed gets an answer
@@ -223,6 +225,7 @@ func (d *dispatcher) createAnswered() {
 		return
 	}
 	p.Stop()
+	p.retry.reset() // the server answered: only the create held the calls
 	d.handleProgressTimeout()
 }
 
@@ -315,6 +318,28 @@ func (p *progressState) awaitAll() {
 	}
 }
 
+// awaitUpTo makes the calls that wait for every watch wait for the creates
+// queued now, up to last, and not for those queued after it (see upTo).
+func (p *progressState) awaitUpTo(last *Watch) {
+	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
+		for _, c := range calls {
+			if c.needs == allCreates {
+				c.upTo = last
+			}
+		}
+	}
+}
+
+// unconfirmedAgain marks w, whose create was sent and is to be sent again,
+// as one no answer covers until it is confirmed, if it was a first create:
+// a call that began once it was sent waits for it (see unconfirmed). A
+// paused watch's resume is not marked: a paused watch is not covered.
+func unconfirmedAgain(w *Watch) {
+	if e := &w.entry; e.created != nil && e.state != stateAbandoned && !e.is(probe) {
+		e.set(recreated, true)
+	}
+}
+
 // resendProgress asks the new stream for progress on behalf of waiting calls.
 func (d *dispatcher) resendProgress() {
 	if len(d.progress.waiting) > 0 {
@@ -373,6 +398,6 @@ func (p *progressState) fail(err error) {
 	for _, w := range slices.Concat(p.waiting, p.next, p.held) {
 		w.reply <- progressResult{err: err}
 	}
-	p.waiting, p.next, p.held, p.inFlight = nil, nil, nil, false
+	p.waiting, p.next, p.held, p.inFlight, p.afterCreate = nil, nil, nil, false, false
 	p.Stop()
 }

@@ -190,6 +190,9 @@ func (d *dispatcher) requeueAll() {
 			if w.entry.is(probe) {
 				continue // it spoke for the old stream
 			}
+			if from == &d.pending {
+				unconfirmedAgain(w)
+			}
 			q.Push(w)
 		}
 	}
@@ -202,6 +205,9 @@ func (d *dispatcher) requeueAll() {
 	clear(d.frags)
 	d.toCreate = q
 	d.progress.suspend()
+	if last := d.toCreate.Last(); last != nil {
+		d.progress.awaitUpTo(*last)
+	}
 }
 
 // handleLivenessTick checks that the stream is still talking: idle after its

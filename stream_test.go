@@ -1110,6 +1110,151 @@ func TestProgressNotHeldByCreatesQueuedDuringItOneAtATime(t *testing.T) {
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
+// TestProgressWaitsForAFirstCreateSentAgain: a watch's first create is
+// out when RequestProgress begins; the stream is given up (a proxy's own
+// id), and on the next one, taking one create at a time, it waits in line
+// behind another, whose caller then gives up. An answer then must not
+// return the call: the watch's create, sent before the call, is not even
+// sent again, and its events at or below the answer come later. Catches a
+// first create counted only while in flight on the stream it was sent on.
+func TestProgressWaitsForAFirstCreateSentAgain(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake()))
+	ctxX, cancelX := context.WithCancel(t.Context())
+	defer cancelX()
+	resX := h.watchAsync(ctxX, etcdwatch.Key("x"))
+	require.Equal(t, "x", string(h.srv.RecvCreate(t).Key))
+	resW := h.watchAsync(t.Context(), etcdwatch.Key("w").FromRevision(5))
+	require.Equal(t, "w", string(h.srv.RecvCreate(t).Key))
+	got := h.progressAsync() // began with w's create sent
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Created(0, 10)) // a proxy's own id: unmatched, the stream is given up
+	require.True(t, h.srv.Ended(t))
+	h.srv = h.server.Accept(t)
+	require.Equal(t, "x", string(h.srv.RecvCreate(t).Key)) // one at a time: w waits
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	cancelX()
+	require.Error(t, recvResult(t, resX).err)
+	h.await(func() bool { return h.s.Stats().Watches == 1 })
+	h.srv.Send(t, ws.Progress(-1, 20)) // w not sent again yet: the call waits
+	h.srv.Send(t, ws.Created(0, 20))   // x, abandoned: canceled
+	var cw *pb.WatchCreateRequest
+	for cw == nil { // past x's cancel and the request asked again
+		cw = h.srv.Recv(t).GetCreateRequest()
+	}
+	require.Equal(t, "w", string(cw.Key))
+	h.srv.Send(t, ws.Created(1, 20))
+	h.srv.Send(t, ws.Events(1, 20, ws.Put("w", "v", 7)))
+	w := recvResult(t, resW).w
+	require.Equal(t, int64(7), next(t, w).Events[0].ModRevision)
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %+v before w's create was sent again", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 20)) // to the request asked again before w's create
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: w was created after it")
+	h.srv.Send(t, ws.Progress(-1, 20))
+	require.Equal(t, int64(20), recvProgress(t, got).rev)
+}
+
+// TestProgressNotHeldByCreatesQueuedDuringItAfterAStreamEnd: as
+// TestProgressNotHeldByCreatesQueuedDuringItOneAtATime, across a stream's
+// end: the call waits for the watches created again, and not for those
+// opened during it, one at a time behind them. Catches a call waiting for
+// every create until the queue is empty once a stream ended.
+func TestProgressNotHeldByCreatesQueuedDuringItAfterAStreamEnd(t *testing.T) {
+	h := newHarness(t)
+	for i, k := range []string{"z", "y"} {
+		res := h.watchAsync(t.Context(), etcdwatch.Key(k))
+		h.srv.RecvCreate(t)
+		h.srv.Send(t, ws.Created(int64(100+i), 10)) // its own id: one create at a time from now on
+		require.NoError(t, recvResult(t, res).err)
+	}
+	got := h.progressAsync() // began with z and y, confirmed
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.cut()
+	nextCreate := func() string { // past the requests asked again
+		for {
+			if c := h.srv.Recv(t).GetCreateRequest(); c != nil {
+				return string(c.Key)
+			}
+		}
+	}
+	first := nextCreate()                          // z or y, created again; the other waits
+	h.watchAsync(t.Context(), etcdwatch.Key("k0")) // opened during the call
+	h.await(func() bool { return h.s.Stats().Watches == 3 })
+	h.srv.Send(t, ws.Created(200, 10))
+	second := nextCreate()
+	require.ElementsMatch(t, []string{"z", "y"}, []string{first, second})
+	h.srv.Send(t, ws.Progress(-1, 10))             // the second not confirmed: the call waits
+	h.watchAsync(t.Context(), etcdwatch.Key("k1")) // opened during the call
+	h.await(func() bool { return h.s.Stats().Watches == 4 })
+	h.srv.Send(t, ws.Created(201, 10)) // the second
+	require.Equal(t, "k0", nextCreate())
+	h.srv.Send(t, ws.Progress(-1, 10)) // covers z and y; k0 and k1 came during the call
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
+}
+
+// TestProgressAnswerStartsANewSeriesAfterACreate: the request sent once a
+// create is answered, for a call the last answer left waiting only for
+// that create, starts a new retry series (an answer came), rather than
+// taking the series' next step: after a few creates every such request,
+// which etcd 3.5.13+ ignores while the new watch catches up, would be
+// asked again only after the maximum.
+func TestProgressAnswerStartsANewSeriesAfterACreate(t *testing.T) {
+	const first, max = 10 * time.Millisecond, 250 * time.Millisecond
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(first, max))
+	h.watch(etcdwatch.Key("a"), 5)
+	res := h.watchAsync(t.Context(), etcdwatch.Key("b"))
+	c := h.srv.RecvCreate(t) // sent, not answered
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	awaitArmed(t, clk, first)
+	h.srv.Send(t, ws.Progress(-1, 9)) // before b's created response
+	h.srv.Send(t, ws.Created(c.WatchId, 5))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once b's create was answered")
+	require.NoError(t, recvResult(t, res).err)
+	awaitArmed(t, clk, first) // a new series
+	h.srv.Send(t, ws.Progress(-1, 9))
+	require.Equal(t, int64(9), recvProgress(t, got).rev)
+}
+
+// TestProgressAfterCreateNotLeftSet: an answer that serves every call
+// clears what an earlier one set for calls waiting on a create: a create
+// answered later does not ask again for a call whose request is in flight
+// and which waits for no create. The cancel of another watch marks the
+// place: it is the next request.
+func TestProgressAfterCreateNotLeftSet(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk))
+	h.watch(etcdwatch.Key("a"), 5)
+	marker := h.watch(etcdwatch.Key("m"), 5)
+	ctxB, cancelB := context.WithCancel(t.Context())
+	resB := h.watchAsync(ctxB, etcdwatch.Key("b"))
+	cb := h.srv.RecvCreate(t) // sent, not answered
+	got1 := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 9)) // b unconfirmed: the call waits for its create
+	h.handledAll()
+	cancelB() // b abandoned: waited for no longer
+	require.Error(t, recvResult(t, resB).err)
+	got2 := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 9)) // serves both calls
+	require.Equal(t, int64(9), recvProgress(t, got1).rev)
+	require.Equal(t, int64(9), recvProgress(t, got2).rev)
+	got3 := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest()) // in flight
+	h.srv.Send(t, ws.Created(cb.WatchId, 9))              // b's create answered: canceled
+	require.NotNil(t, h.srv.Recv(t).GetCancelRequest())
+	marker.Cancel()
+	req := h.srv.Recv(t)
+	require.NotNil(t, req.GetCancelRequest(), "asked again for a call whose request is in flight: %v", req)
+	h.srv.Send(t, ws.Progress(-1, 9))
+	require.Equal(t, int64(9), recvProgress(t, got3).rev)
+}
+
 // TestProgressNotHeldByLaterCreates: a watch is opened between each
 // progress request and its answer, so that no answer covers every watch.
 // Each answer covers the one the call began with, so the first returns it.
