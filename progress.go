@@ -58,6 +58,11 @@ type progressState struct {
 	held     []*progressWaiter // arrived before the servers' release was known
 	inFlight bool
 	queued   bool // a request waits in the outbox, not yet handed to the session
+	// forAll: some call waits for every watch (needs is allCreates) or
+	// for the creates up to a queued one (upTo), so that sending creates
+	// lowers its needs (sentUpTo, allSent); cleared by allSent. Spares
+	// every create that scan while no call needs it.
+	forAll bool
 	// afterCreate: the last answer left calls waiting only for creates not
 	// confirmed yet, which no answer can cover until they are: the next
 	// request goes once one is answered (createAnswered), or at the timer.
@@ -83,11 +88,15 @@ type coverRun struct {
 // request did. Every request is counted, though etcd 3.5.13+ ignores one
 // it cannot answer yet (it answers once, later): a request must never go
 // uncounted, or the answer to it would be taken for a later request's.
-// So after a long hold, later answers cover less than they could, one
-// request's worth each, until the ignored ones are counted off: calls
-// waiting for watches created since then ask again that many times.
-// Sending no more while requests are unanswered would be worse: the
-// ignored ones are never answered, and the stream would ask no more.
+// So after a long hold, later answers cover less than they could: each is
+// taken for a request up to maxCovers back. They are never counted off,
+// since each request asked again adds one: a call waiting for a watch
+// created since the hold asks again up to that many times, back to back,
+// for as long as the stream lives (a known cost; see the closing note of
+// stop 31). Sending no more while requests are unanswered would be worse:
+// the ignored ones are never answered, and the stream would ask no more;
+// and leaving a request uncounted could take an answer to it for a later
+// request's, which covers creates it does not.
 const maxCovers = 8
 
 // sent records a request sent after the creates up to lastCreate.
@@ -126,6 +135,7 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	p.minRev = max(p.minRev, d.maxRev)
 	p.needs = d.nextID
 	if d.sess == nil || d.toCreate.Len() > 0 {
+		d.progress.forAll = true
 		p.needs = allCreates // some watches have no create id yet: see allSent
 		if last := d.toCreate.Last(); last != nil {
 			p.upTo = *last
@@ -313,8 +323,11 @@ func (p *progressState) suspend() {
 // queued now have been sent (allSent): some watch it waits for is created
 // again, with a new id.
 func (p *progressState) awaitAll() {
-	for _, w := range slices.Concat(p.waiting, p.next) {
-		w.needs, w.upTo = allCreates, nil
+	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
+		for _, c := range calls {
+			c.needs, c.upTo = allCreates, nil
+			p.forAll = true
+		}
 	}
 }
 
@@ -325,6 +338,7 @@ func (p *progressState) awaitUpTo(last *Watch) {
 		for _, c := range calls {
 			if c.needs == allCreates {
 				c.upTo = last
+				p.forAll = true
 			}
 		}
 	}
@@ -375,15 +389,24 @@ func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 // for every watch (see progressWaiter.needs) now wait for those created so
 // far, and no later ones.
 func (p *progressState) allSent(lastCreate int64) {
-	for _, w := range slices.Concat(p.waiting, p.next) {
-		w.needs, w.upTo = min(w.needs, lastCreate), nil
+	if !p.forAll {
+		return
 	}
+	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
+		for _, c := range calls {
+			c.needs, c.upTo = min(c.needs, lastCreate), nil
+		}
+	}
+	p.forAll = false
 }
 
 // sentUpTo is called once w's create has been sent (or w dropped unsent),
 // with the last create id sent: calls that began with w last in line now
 // wait for the creates sent so far, and no later ones.
 func (p *progressState) sentUpTo(w *Watch, lastCreate int64) {
+	if !p.forAll {
+		return
+	}
 	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
 		for _, c := range calls {
 			if c.upTo == w {
