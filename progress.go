@@ -89,11 +89,11 @@ type coverRun struct {
 // it cannot answer yet (it answers once, later): a request must never go
 // uncounted, or the answer to it would be taken for a later request's.
 // So after a long hold, later answers cover less than they could: each is
-// taken for a request up to maxCovers back. They are never counted off,
-// since each request asked again adds one: a call waiting for a watch
-// created since the hold asks again up to that many times, back to back,
-// for as long as the stream lives (a known cost; see the closing note of
-// stop 31). Sending no more while requests are unanswered would be worse:
+// taken for a request as many back as were ignored. They are never
+// counted off, since each request asked again adds one: a call waiting
+// for a watch created since the hold asks again that many times, back to
+// back, for as long as the stream lives (a known cost: a hold of a minute
+// at the default retry can leave a few hundred). Sending no more while requests are unanswered would be worse:
 // the ignored ones are never answered, and the stream would ask no more;
 // and leaving a request uncounted could take an answer to it for a later
 // request's, which covers creates it does not.
