@@ -89,8 +89,9 @@ type coverRun struct {
 // it cannot answer yet (it answers once, later): a request must never go
 // uncounted, or the answer to it would be taken for a later request's.
 // So after a long hold, later answers cover less than they could: each is
-// taken for a request as many back as were ignored. They are never
-// counted off, since each request asked again adds one: a call waiting
+// taken for a request as many back as were ignored. That backlog never
+// shrinks: each answer counts off one, and each request asked again adds
+// one. A call waiting
 // for a watch created since the hold asks again that many times, back to
 // back, for as long as the stream lives (a known cost: a hold of a minute
 // at the default retry can leave a few hundred). Sending no more while requests are unanswered would be worse:

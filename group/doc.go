@@ -17,8 +17,9 @@
 //	v, err := view.New(ctx, g, etcdwatch.Prefix("config/"), view.DecodeBytes)
 //
 // Dial puts one Stream on each member, its home: the Stream moves to the
-// next member when its home fails or has no leader, and goes back once
-// the home has been up for a while (see Dial and WithHoming). New puts
+// next member when its home fails, or has no leader (with
+// etcdwatch.WithRequireLeader), and goes back once the home has been up
+// for a while (see Dial and WithHoming). New puts
 // several on a connection the caller has, where its balancer sends them:
 // often all on one member (see New), so that they keep their watches
 // apart but fail together.

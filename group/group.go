@@ -121,9 +121,16 @@ func New(conn grpc.ClientConnInterface, opts ...Option) (*Group, error) {
 // it has one again. Once member i has been back, connected and with a
 // leader (etcd's Status, asked on its connection), for WithHoming's
 // settle time, Stream i goes home: its gRPC stream elsewhere is ended, and
-// its watches resume on member i, again from their own revisions. So a
-// rolling restart, or a Dial while a member is down, leaves each Stream on
-// its own member in the end. Streams' Member tells where each is.
+// its watches resume on member i, again from their own revisions (a
+// Stream whose gRPC stream ends for another reason goes home at once if
+// its home is up). So a rolling restart, or a Dial while a member is
+// down, leaves each Stream on its own member in the end. Streams' Member
+// tells where each is.
+//
+// Streams opened with the group wait for their home's first attempt to
+// connect rather than take the first member that answers: a refused
+// connection fails at once, but a member that drops packets holds a
+// Stream's first stream for dial's connect timeout (5s).
 //
 // Endpoints are as dial.New takes them. Close closes the connections.
 func Dial(endpoints []string, opts ...Option) (*Group, error) {

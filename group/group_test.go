@@ -575,6 +575,10 @@ func TestOptions(t *testing.T) {
 		}, "WithBufferLimit(0)"},
 		{"no endpoints", func() (*group.Group, error) { return group.Dial(nil) }, "at least one endpoint"},
 		{"no transport security", func() (*group.Group, error) { return group.Dial([]string{"127.0.0.1:1"}) }, "WithInsecure"},
+		{"homing on New", func() (*group.Group, error) { return group.New(conn, group.WithHoming(0)) }, "WithHoming is for Dial"},
+		{"negative homing", func() (*group.Group, error) {
+			return group.Dial([]string{"127.0.0.1:1"}, group.WithHoming(-time.Second), group.WithDialOptions(dial.WithInsecure()))
+		}, "WithHoming(-1s)"},
 		{"negative streams", func() (*group.Group, error) {
 			return group.Dial([]string{"127.0.0.1:1"}, group.WithStreams(-1), group.WithDialOptions(dial.WithInsecure()))
 		}, "WithStreams(-1)"},

@@ -32,8 +32,11 @@ const defaultSettle = 5 * time.Second
 // that a member going up and down again does not move them each time, and
 // that a member just restarted has caught up with its cluster. Going home
 // costs what a member's failure does: each of those Streams' watches is
-// created again, from its own revision. 0 never goes home. Default 5s; at
-// least 0. New, whose Streams have no home, refuses it.
+// created again, from its own revision. 0 never ends a Stream's gRPC
+// stream to send it home. Whatever the setting, a Stream away from home
+// whose gRPC stream ends for another reason opens the next one at home if
+// the home is up. Default 5s; at least 0. New, whose Streams have no
+// home, refuses it.
 func WithHoming(settle time.Duration) Option {
 	return func(o *options) { o.settle, o.settleSet = settle, true }
 }
@@ -54,8 +57,8 @@ func WithStreamOptions(opts ...etcdwatch.Option) Option {
 }
 
 // WithDialOptions sets the options of Dial's connections (transport
-// security, a password, gRPC's own options), as dial.New takes them; Dial
-// then adds its choice of balancing policy after them. Dial needs one of
+// security, a password, gRPC's own options), as dial.New takes them: Dial
+// makes one connection per endpoint with them, each to that member alone. Dial needs one of
 // dial.WithTLS, dial.WithTLSFiles or dial.WithInsecure among them, as
 // dial.New does; New refuses this option, having no connection to dial.
 // Default: none.

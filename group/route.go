@@ -22,7 +22,8 @@ type memberState struct {
 	// Dial, so it is making its first attempt.
 	fresh bool
 	// leaderless: a Watch RPC on it was refused or ended for want of a
-	// leader (WithRequireLeader), and it has not been seen with one since.
+	// leader (WithRequireLeader), or its Status named no leader
+	// (members.probe), and it has not been seen with one since.
 	leaderless bool
 }
 

@@ -391,9 +391,9 @@ func TestSubscribeInsideARestoredRelist(t *testing.T) {
 // range's state at a revision another View of it reached, and subscribes
 // to a View behind it. When that View's next batch is Relisted, its
 // changes are the difference from the View's older state, not the
-// subscriber's: the subscriber gets a Resync, not counted. A relist to a
-// revision the subscriber holds already is skipped instead, and the
-// batches after it start at the subscriber's revision. Catches the
+// subscriber's: the subscriber gets a Resync, not counted. (One that ends
+// before the subscriber's revision is skipped instead: see the next
+// test.) Catches the
 // Relisted batch given as if from the subscriber's revision ("created"
 // for a key it holds).
 func TestSubscribeAheadOfTheViewThenRelisted(t *testing.T) {
@@ -415,9 +415,9 @@ func TestSubscribeAheadOfTheViewThenRelisted(t *testing.T) {
 }
 
 // TestSubscribeAheadOfARelistThatEndsBeforeIt: a subscriber ahead of a
-// View whose relist ends at or before the subscriber's revision has that
-// state or a later one: the Relisted batch is skipped, and the next batch
-// starts at the subscriber's revision.
+// View whose relist ends before the subscriber's revision has a later
+// state: the Relisted batch is skipped, and the next batch starts at the
+// subscriber's revision.
 func TestSubscribeAheadOfARelistThatEndsBeforeIt(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()

@@ -163,8 +163,9 @@ func (s *Subscription[T]) resyncTo(snap *Snapshot[T], asked bool) (Batch[T], <-c
 // ends at or before the state its first batch starts from, such as a
 // progress batch published late (progressGap) after the view moved there
 // and a Resync or Subscribe gave it that state, or a relist of a view
-// behind the subscriber to a revision it holds already. Such a step is
-// skipped; the first batch is still to come.
+// behind the subscriber that ends before its revision. Such a step is
+// skipped; the first batch is still to come. (A relist that ends at the
+// subscriber's revision is given, or is a Resync: see unknownStart.)
 func (s *Subscription[T]) held(b Batch[T]) bool {
 	switch {
 	case s.from <= 0:
