@@ -19,7 +19,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
+	"github.com/etcdwatch/etcdwatch/group"
 	"github.com/etcdwatch/etcdwatch/view"
 )
 
@@ -59,6 +61,13 @@ func TestSoak(t *testing.T) {
 	}
 	outage := openOn(t, outageAddrs, opts...)
 	tight := openOn(t, proxyAddrs, append(opts, etcdwatch.WithBufferLimit(32), logged(&tightLog))...)
+	// A group of Streams through the same proxies: each of its Streams
+	// moves off its member when that member's proxy fails it, and goes
+	// home once it is back for the settle time.
+	g, err := group.Dial(proxyAddrs, group.WithDialOptions(dial.WithInsecure()), group.WithStreamOptions(opts...),
+		group.WithHoming(500*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, g.Close()) })
 	var recs []*recording
 	defer func() { // on failure, while the watches still run
 		if t.Failed() {
@@ -73,6 +82,7 @@ func TestSoak(t *testing.T) {
 	// The tight stream's consumers are slower than the writer every other
 	// second: they pause, then catch up.
 	recs = append(watchSet(t, s, "soak/", start), slowWatchSet(t, tight, "soak/", start, 2*time.Millisecond)...)
+	recs = append(recs, watchGroup(t, "soak group", g, "soak/", start).recs...)
 	views := soakViews(t, s, tight, outage)
 	defer func() {
 		if t.Failed() {
@@ -159,6 +169,16 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	progressed(t, recs[0], w.Last())
+	// Faults over, every Stream of the group goes home: a blackholed
+	// connection first has to be given up by gRPC's keepalive (15s).
+	require.Eventually(t, func() bool {
+		for i, st := range g.Streams()[:len(proxyAddrs)] {
+			if st.Member != proxyAddrs[i] {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 10*time.Millisecond, "the group's Streams did not all go home: %+v", g.Streams())
 	events := finish(t, w, recs)
 	for _, sv := range views {
 		require.NoError(t, sv.v.Sync(ctx(t)), "view %s", sv.name)
@@ -173,6 +193,8 @@ func TestSoak(t *testing.T) {
 	t.Logf("SOAK %v: faults %d %v; transactions %d; events checked %d over %d watches; lost 0, duplicated 0; reconnects %d; stalls %d; pauses %d; duplicates dropped %d",
 		d, total, counts, w.txns, events, len(recs), a.Reconnects+b.Reconnects, a.Stalls+b.Stalls, a.Pauses+b.Pauses, a.DuplicatesDropped+b.DuplicatesDropped)
 	t.Logf("VIEWS %s", viewCounts(views))
+	gs := g.Stats()
+	t.Logf("GROUP 3 Streams, 21 watches: reconnects %d, watches moved %d; every Stream home at the end", gs.Reconnects, gs.Moved)
 }
 
 // soakView is a view the soak checks, with the replay of a subscription
