@@ -371,16 +371,17 @@ func (d *dispatcher) resendProgress() {
 // paused watch is not covered until it resumes. A first create counts
 // because etcd's send loop may put an answer before that create's
 // created response, and holds the watch's events until after it, so the
-// answer says nothing of them.
+// answer says nothing of them. A watch its consumer gave up (abandoned)
+// is waited for no longer.
 func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
-		if w.entry.is(recreated) {
+		if w.entry.is(recreated) && w.entry.state != stateAbandoned {
 			return 1, true
 		}
 	}
 	for w := range d.pending.All() { // in create order: the first is the oldest
-		if w.entry.is(recreated) || w.entry.created != nil && !w.entry.is(probe) && w.entry.state != stateAbandoned {
-			return w.entry.reqID, true
+		if e := &w.entry; e.state != stateAbandoned && (e.is(recreated) || e.created != nil && !e.is(probe)) {
+			return e.reqID, true
 		}
 	}
 	return 0, false

@@ -1157,6 +1157,79 @@ func TestProgressWaitsForAFirstCreateSentAgain(t *testing.T) {
 	require.Equal(t, int64(20), recvProgress(t, got).rev)
 }
 
+// TestProgressWaitsForAFirstCreateRefusedForAStaleToken: a watch's first
+// create is out when RequestProgress begins, and is refused for a stale
+// token: it goes again on a new stream, one create at a time, in line
+// behind another whose caller then gives up. An answer then must not
+// return the call: the refused create, sent before the call, is not even
+// sent again. Catches the refused create forgotten by the calls.
+func TestProgressWaitsForAFirstCreateRefusedForAStaleToken(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake()))
+	res := h.watchAsync(t.Context(), etcdwatch.Key("z"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 10)) // its own id: one create at a time from now on
+	z := recvResult(t, res).w
+	z.Cancel()
+	require.Equal(t, int64(100), h.srv.RecvCancel(t))
+	h.srv.Send(t, ws.Canceled(100))
+	resW := h.watchAsync(t.Context(), etcdwatch.Key("w").FromRevision(5))
+	require.Equal(t, "w", string(h.srv.RecvCreate(t).Key))
+	ctxV, cancelV := context.WithCancel(t.Context())
+	defer cancelV()
+	resV := h.watchAsync(ctxV, etcdwatch.Key("v")) // queued behind w
+	h.await(func() bool { return h.s.Stats().Watches == 2 })
+	got := h.progressAsync() // began with w's create sent
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.CreateFailed("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"))
+	require.True(t, h.srv.Ended(t), "a new stream for new credentials")
+	h.srv = h.server.Accept(t)
+	require.Equal(t, "v", string(h.srv.RecvCreate(t).Key)) // one at a time: w waits behind it
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	cancelV()
+	require.Error(t, recvResult(t, resV).err)
+	h.await(func() bool { return h.s.Stats().Watches == 1 })
+	h.srv.Send(t, ws.Progress(-1, 20)) // w not sent again yet: the call waits
+	h.srv.Send(t, ws.Created(200, 20)) // v, abandoned: canceled
+	var cw *pb.WatchCreateRequest
+	for cw == nil { // past v's cancel and the request asked again
+		cw = h.srv.Recv(t).GetCreateRequest()
+	}
+	require.Equal(t, "w", string(cw.Key))
+	h.srv.Send(t, ws.Created(201, 20))
+	h.srv.Send(t, ws.Events(201, 20, ws.Put("w", "v", 7)))
+	w := recvResult(t, resW).w
+	require.Equal(t, int64(7), next(t, w).Events[0].ModRevision)
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %+v before w's create was sent again", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 20)) // to the request asked again before w's create
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: w was created after it")
+	h.srv.Send(t, ws.Progress(-1, 20))
+	require.Equal(t, int64(20), recvProgress(t, got).rev)
+}
+
+// TestProgressNotHeldByAWatchCanceledWhileCreatedAgain: a watch canceled
+// while it is created again on a new stream, its create unanswered, holds
+// no RequestProgress made after: it is no longer active. Catches a call
+// waiting for the answer to a create its consumer gave up.
+func TestProgressNotHeldByAWatchCanceledWhileCreatedAgain(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake())) // a clock that does not move: no request is asked again by the timer
+	h.watch(etcdwatch.Key("a"), 10)
+	z := h.watch(etcdwatch.Key("z"), 10)
+	h.cut()
+	ca, cz := h.srv.RecvCreate(t), h.srv.RecvCreate(t)
+	require.Equal(t, "z", string(cz.Key))
+	h.srv.Send(t, ws.Created(ca.WatchId, 10))
+	z.Cancel() // its create again in flight
+	h.await(func() bool { return h.s.Stats().Watches == 1 })
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
+}
+
 // TestProgressNotHeldByCreatesQueuedDuringItAfterAStreamEnd: as
 // TestProgressNotHeldByCreatesQueuedDuringItOneAtATime, across a stream's
 // end: the call waits for the watches created again, and not for those
