@@ -1216,12 +1216,15 @@ func TestProgressWaitsForAFirstCreateRefusedForAStaleToken(t *testing.T) {
 // waiting for the answer to a create its consumer gave up.
 func TestProgressNotHeldByAWatchCanceledWhileCreatedAgain(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithClock(clock.NewFake())) // a clock that does not move: no request is asked again by the timer
-	h.watch(etcdwatch.Key("a"), 10)
 	z := h.watch(etcdwatch.Key("z"), 10)
+	resA := h.watchAsync(t.Context(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t) // a in flight at the stream's end: created again first, then z
 	h.cut()
 	ca, cz := h.srv.RecvCreate(t), h.srv.RecvCreate(t)
+	require.Equal(t, "a", string(ca.Key))
 	require.Equal(t, "z", string(cz.Key))
 	h.srv.Send(t, ws.Created(ca.WatchId, 10))
+	require.NoError(t, recvResult(t, resA).err)
 	z.Cancel() // its create again in flight
 	h.await(func() bool { return h.s.Stats().Watches == 1 })
 	got := h.progressAsync()
@@ -1504,4 +1507,30 @@ func TestLateEventsOfAnAnsweredCancelAreDropped(t *testing.T) {
 	require.Equal(t, int64(3), next(t, b).Revision) // a's late event handled before
 	require.Empty(t, h.barrier(3), "the late event's id canceled again")
 	require.Zero(t, h.s.Stats().UnknownResponses)
+}
+
+// TestProgressNotHeldByAWatchCanceledWhileQueuedToBeCreatedAgain:
+// as TestProgressNotHeldByAWatchCanceledWhileCreatedAgain, for a watch
+// canceled while it waits in line (one create at a time) to be created
+// again, behind a create that is not answered.
+func TestProgressNotHeldByAWatchCanceledWhileQueuedToBeCreatedAgain(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake()))
+	res := h.watchAsync(t.Context(), etcdwatch.Key("b"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 10)) // its own id: one create at a time from now on
+	b := recvResult(t, res).w
+	ctxA, cancelA := context.WithCancel(t.Context())
+	defer cancelA()
+	resA := h.watchAsync(ctxA, etcdwatch.Key("a"))
+	h.srv.RecvCreate(t) // in flight at the stream's end: created again first
+	h.cut()
+	require.Equal(t, "a", string(h.srv.RecvCreate(t).Key)) // b waits behind it
+	b.Cancel()
+	cancelA()
+	require.Error(t, recvResult(t, resA).err)
+	h.await(func() bool { return h.s.Stats().Watches == 0 })
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 10))
+	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }

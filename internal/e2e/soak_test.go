@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -171,14 +172,17 @@ func TestSoak(t *testing.T) {
 	progressed(t, recs[0], w.Last())
 	// Faults over, every Stream of the group goes home: a blackholed
 	// connection first has to be given up by gRPC's keepalive (15s).
-	require.Eventually(t, func() bool {
-		for i, st := range g.Streams()[:len(proxyAddrs)] {
+	var streams []group.StreamInfo // as last seen, for the failure message
+	home := assert.Eventually(t, func() bool {
+		streams = g.Streams()
+		for i, st := range streams[:len(proxyAddrs)] {
 			if st.Member != proxyAddrs[i] {
 				return false
 			}
 		}
 		return true
-	}, time.Minute, 10*time.Millisecond, "the group's Streams did not all go home: %+v", g.Streams())
+	}, time.Minute, 10*time.Millisecond)
+	require.True(t, home, "the group's Streams did not all go home (proxies %v): %+v", proxyAddrs, streams)
 	events := finish(t, w, recs)
 	for _, sv := range views {
 		require.NoError(t, sv.v.Sync(ctx(t)), "view %s", sv.name)
