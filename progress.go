@@ -2,6 +2,7 @@ package etcdwatch
 
 import (
 	"context"
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -31,6 +32,9 @@ type progressWaiter struct {
 	// creates one at a time as on any other. nil otherwise.
 	upTo *Watch
 }
+
+// gone reports whether w's caller has returned: it is asked for no more.
+func gone(w *progressWaiter) bool { return w.ctx.Err() != nil }
 
 // allCreates is a progressWaiter's needs once it waits for every watch.
 const allCreates = math.MaxInt64
@@ -91,12 +95,12 @@ type coverRun struct {
 // So after a long hold, later answers cover less than they could: each is
 // taken for a request as many back as were ignored. That backlog never
 // shrinks: each answer counts off one, and each request asked again adds
-// one. A call waiting
-// for a watch created since the hold asks again that many times, back to
-// back, for as long as the stream lives (a known cost: a hold of a minute
-// at the default retry can leave a few hundred). Sending no more while requests are unanswered would be worse:
-// the ignored ones are never answered, and the stream would ask no more;
-// and leaving a request uncounted could take an answer to it for a later
+// one. A call waiting for a watch created since the hold asks again that
+// many times, back to back, for as long as the stream lives (a known cost:
+// a hold of a minute at the default retry can leave a few hundred).
+// Sending no more while requests are unanswered would be worse: the
+// ignored ones are never answered, and the stream would ask no more; and
+// leaving a request uncounted could take an answer to it for a later
 // request's, which covers creates it does not.
 const maxCovers = 8
 
@@ -166,7 +170,6 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 		return // an answer to a request sent before the release was known: it may run ahead
 	}
 	p := &d.progress
-	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil } // its caller returned: not asked for again
 	p.waiting, p.next = slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)
 	covered := p.coverage()
 	var uncovered int64 // the oldest create id of a watch the answer did not bookmark, if missed
@@ -244,7 +247,6 @@ func (d *dispatcher) createAnswered() {
 func (d *dispatcher) handleProgressTimeout() {
 	p := &d.progress
 	p.afterCreate = false
-	gone := func(w *progressWaiter) bool { return w.ctx.Err() != nil }
 	p.waiting = append(slices.DeleteFunc(p.waiting, gone), slices.DeleteFunc(p.next, gone)...)
 	p.next = nil
 	if !d.hasWatches() {
@@ -324,10 +326,25 @@ func (p *progressState) suspend() {
 // queued now have been sent (allSent): some watch it waits for is created
 // again, with a new id.
 func (p *progressState) awaitAll() {
-	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
-		for _, c := range calls {
-			c.needs, c.upTo = allCreates, nil
-			p.forAll = true
+	for c := range p.calls() {
+		c.needs, c.upTo = allCreates, nil
+		p.forAll = true
+	}
+}
+
+// calls yields the calls waiting for an answer: those the request in
+// flight covers, then those that joined after it was sent.
+func (p *progressState) calls() iter.Seq[*progressWaiter] {
+	return func(yield func(*progressWaiter) bool) {
+		for _, c := range p.waiting {
+			if !yield(c) {
+				return
+			}
+		}
+		for _, c := range p.next {
+			if !yield(c) {
+				return
+			}
 		}
 	}
 }
@@ -335,12 +352,10 @@ func (p *progressState) awaitAll() {
 // awaitUpTo makes the calls that wait for every watch wait for the creates
 // queued now, up to last, and not for those queued after it (see upTo).
 func (p *progressState) awaitUpTo(last *Watch) {
-	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
-		for _, c := range calls {
-			if c.needs == allCreates {
-				c.upTo = last
-				p.forAll = true
-			}
+	for c := range p.calls() {
+		if c.needs == allCreates {
+			c.upTo = last
+			p.forAll = true
 		}
 	}
 }
@@ -350,10 +365,20 @@ func (p *progressState) awaitUpTo(last *Watch) {
 // a call that began once it was sent waits for it (see unconfirmed). A
 // paused watch's resume is not marked: a paused watch is not covered.
 func unconfirmedAgain(w *Watch) {
-	if e := &w.entry; e.created != nil && e.state != stateAbandoned && !e.is(probe) {
+	if e := &w.entry; e.firstCreate() {
 		e.set(recreated, true)
 	}
 }
+
+// firstCreate reports whether e is a user's watch whose first create is
+// not answered yet, and whose consumer has not given it up.
+func (e *entry) firstCreate() bool {
+	return e.created != nil && !e.is(probe) && e.state != stateAbandoned
+}
+
+// createdAgain reports whether e is created again (recreated) and not
+// confirmed yet, and its consumer has not given it up.
+func (e *entry) createdAgain() bool { return e.is(recreated) && e.state != stateAbandoned }
 
 // resendProgress asks the new stream for progress on behalf of waiting calls.
 func (d *dispatcher) resendProgress() {
@@ -375,12 +400,12 @@ func (d *dispatcher) resendProgress() {
 // is waited for no longer.
 func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
-		if w.entry.is(recreated) && w.entry.state != stateAbandoned {
+		if w.entry.createdAgain() {
 			return 1, true
 		}
 	}
 	for w := range d.pending.All() { // in create order: the first is the oldest
-		if e := &w.entry; e.state != stateAbandoned && (e.is(recreated) || e.created != nil && !e.is(probe)) {
+		if e := &w.entry; e.createdAgain() || e.firstCreate() {
 			return e.reqID, true
 		}
 	}
@@ -394,10 +419,8 @@ func (p *progressState) allSent(lastCreate int64) {
 	if !p.forAll {
 		return
 	}
-	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
-		for _, c := range calls {
-			c.needs, c.upTo = min(c.needs, lastCreate), nil
-		}
+	for c := range p.calls() {
+		c.needs, c.upTo = min(c.needs, lastCreate), nil
 	}
 	p.forAll = false
 }
@@ -409,11 +432,9 @@ func (p *progressState) sentUpTo(w *Watch, lastCreate int64) {
 	if !p.forAll {
 		return
 	}
-	for _, calls := range [][]*progressWaiter{p.waiting, p.next} {
-		for _, c := range calls {
-			if c.upTo == w {
-				c.needs, c.upTo = min(c.needs, lastCreate), nil
-			}
+	for c := range p.calls() {
+		if c.upTo == w {
+			c.needs, c.upTo = min(c.needs, lastCreate), nil
 		}
 	}
 }

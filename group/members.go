@@ -79,12 +79,6 @@ func (ms *members) memberState(i int) memberState {
 	return memberState{state: s, fresh: !ms.tried[i], leaderless: ms.leaderless[i]}
 }
 
-func (ms *members) isLeaderless(i int) bool {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	return ms.leaderless[i]
-}
-
 // setLeaderless records whether member i is known to have no leader.
 func (ms *members) setLeaderless(i int, none bool) {
 	ms.mu.Lock()
@@ -175,20 +169,17 @@ func (ms *members) watch(ctx context.Context, i int) error {
 // leaderless, or Streams whose home it is are away), and sends those
 // Streams home when they may go.
 func (ms *members) check(ctx context.Context, i int) {
-	var homing []*route
+	var away []*routedRPC // of the Streams whose home i is
 	for _, r := range ms.routes {
-		if ms.settle > 0 && r.home() == i && r.away() {
-			homing = append(homing, r)
+		if ms.settle > 0 && r.home() == i {
+			away = append(away, r.away()...)
 		}
 	}
-	if !ms.isLeaderless(i) && len(homing) == 0 {
+	if !ms.memberState(i).leaderless && len(away) == 0 {
 		return
 	}
-	if !ms.probe(ctx, i) || !ms.homeDue(i) {
-		return
-	}
-	for _, r := range homing {
-		r.goHome()
+	if ms.probe(ctx, i) && ms.homeDue(i) {
+		goHome(away)
 	}
 }
 

@@ -162,30 +162,23 @@ func (r *route) newWatch(ctx context.Context, desc *grpc.StreamDesc, opts []grpc
 	return rpc, nil
 }
 
-// away reports whether a Watch RPC of the route is open on a member other
-// than its home.
-func (r *route) away() bool {
+// away returns the route's open Watch RPCs on a member other than its
+// home.
+func (r *route) away() []*routedRPC {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for rpc := range r.rpcs {
-		if rpc.member != r.home() {
-			return true
-		}
-	}
-	return false
-}
-
-// goHome ends the route's Watch RPCs that are away from home: their
-// Streams open new ones, which go home, and resume their watches there.
-func (r *route) goHome() {
-	r.mu.Lock()
 	var away []*routedRPC
 	for rpc := range r.rpcs {
 		if rpc.member != r.home() {
 			away = append(away, rpc)
 		}
 	}
-	r.mu.Unlock()
+	return away
+}
+
+// goHome ends the Watch RPCs away: their Streams open new ones, which go
+// home, and resume their watches there.
+func goHome(away []*routedRPC) {
 	for _, rpc := range away {
 		rpc.cancel(errHome)
 	}
