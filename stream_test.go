@@ -1110,6 +1110,37 @@ func TestProgressNotHeldByCreatesQueuedDuringItOneAtATime(t *testing.T) {
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
+// sentAgainBehindAnAbandoned plays what follows once a call waits for
+// watch w's first create, to be sent again on the current stream behind a
+// create in flight whose caller has given up: an answer comes first, which
+// must not return the call; then the abandoned create's answer (id
+// abandoned), w's create and its answer (id), and an event of w at 7. The
+// call returns at the answer that comes after w's create.
+func (h *harness) sentAgainBehindAnAbandoned(resW <-chan watchResult, got <-chan progressResult, abandoned, id int64) {
+	t := h.t
+	t.Helper()
+	h.srv.Send(t, ws.Progress(-1, 20))       // w not sent again yet: the call waits
+	h.srv.Send(t, ws.Created(abandoned, 20)) // canceled
+	var cw *pb.WatchCreateRequest
+	for cw == nil { // past the abandoned one's cancel and the request asked again
+		cw = h.srv.Recv(t).GetCreateRequest()
+	}
+	require.Equal(t, "w", string(cw.Key))
+	h.srv.Send(t, ws.Created(id, 20))
+	h.srv.Send(t, ws.Events(id, 20, ws.Put("w", "v", 7)))
+	w := recvResult(t, resW).w
+	require.Equal(t, int64(7), next(t, w).Events[0].ModRevision)
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %+v before w's create was sent again", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 20)) // to the request asked again before w's create
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: w was created after it")
+	h.srv.Send(t, ws.Progress(-1, 20))
+	require.Equal(t, int64(20), recvProgress(t, got).rev)
+}
+
 // TestProgressWaitsForAFirstCreateSentAgain: a watch's first create is
 // out when RequestProgress begins; the stream is given up (a proxy's own
 // id), and on the next one, taking one create at a time, it waits in line
@@ -1135,26 +1166,7 @@ func TestProgressWaitsForAFirstCreateSentAgain(t *testing.T) {
 	cancelX()
 	require.Error(t, recvResult(t, resX).err)
 	h.await(func() bool { return h.s.Stats().Watches == 1 })
-	h.srv.Send(t, ws.Progress(-1, 20)) // w not sent again yet: the call waits
-	h.srv.Send(t, ws.Created(0, 20))   // x, abandoned: canceled
-	var cw *pb.WatchCreateRequest
-	for cw == nil { // past x's cancel and the request asked again
-		cw = h.srv.Recv(t).GetCreateRequest()
-	}
-	require.Equal(t, "w", string(cw.Key))
-	h.srv.Send(t, ws.Created(1, 20))
-	h.srv.Send(t, ws.Events(1, 20, ws.Put("w", "v", 7)))
-	w := recvResult(t, resW).w
-	require.Equal(t, int64(7), next(t, w).Events[0].ModRevision)
-	select {
-	case r := <-got:
-		t.Fatalf("the call returned %+v before w's create was sent again", r)
-	default:
-	}
-	h.srv.Send(t, ws.Progress(-1, 20)) // to the request asked again before w's create
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: w was created after it")
-	h.srv.Send(t, ws.Progress(-1, 20))
-	require.Equal(t, int64(20), recvProgress(t, got).rev)
+	h.sentAgainBehindAnAbandoned(resW, got, 0, 1)
 }
 
 // TestProgressWaitsForAFirstCreateRefusedForAStaleToken: a watch's first
@@ -1188,26 +1200,7 @@ func TestProgressWaitsForAFirstCreateRefusedForAStaleToken(t *testing.T) {
 	cancelV()
 	require.Error(t, recvResult(t, resV).err)
 	h.await(func() bool { return h.s.Stats().Watches == 1 })
-	h.srv.Send(t, ws.Progress(-1, 20)) // w not sent again yet: the call waits
-	h.srv.Send(t, ws.Created(200, 20)) // v, abandoned: canceled
-	var cw *pb.WatchCreateRequest
-	for cw == nil { // past v's cancel and the request asked again
-		cw = h.srv.Recv(t).GetCreateRequest()
-	}
-	require.Equal(t, "w", string(cw.Key))
-	h.srv.Send(t, ws.Created(201, 20))
-	h.srv.Send(t, ws.Events(201, 20, ws.Put("w", "v", 7)))
-	w := recvResult(t, resW).w
-	require.Equal(t, int64(7), next(t, w).Events[0].ModRevision)
-	select {
-	case r := <-got:
-		t.Fatalf("the call returned %+v before w's create was sent again", r)
-	default:
-	}
-	h.srv.Send(t, ws.Progress(-1, 20)) // to the request asked again before w's create
-	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again: w was created after it")
-	h.srv.Send(t, ws.Progress(-1, 20))
-	require.Equal(t, int64(20), recvProgress(t, got).rev)
+	h.sentAgainBehindAnAbandoned(resW, got, 200, 201)
 }
 
 // TestProgressNotHeldByAWatchCanceledWhileCreatedAgain: a watch canceled
