@@ -69,6 +69,27 @@ type opened struct {
 	err error
 }
 
+// openAsync calls g.Watch on another goroutine, which returns once the
+// watch is confirmed or refused; the watch lives as long as the test.
+func openAsync(t *testing.T, g *group.Group, r etcdwatch.Request) <-chan opened {
+	done := make(chan opened, 1)
+	go func() { // returns with the call, within the test's context
+		w, err := g.Watch(t.Context(), r)
+		done <- opened{w, err}
+	}()
+	return done
+}
+
+// confirmNext takes the next stream opened on srv, reads its create and
+// confirms it at header revision rev.
+func confirmNext(t *testing.T, srv *ws.Server, rev int64) (*ws.Stream, *pb.WatchCreateRequest) {
+	t.Helper()
+	st := srv.Accept(t)
+	c := st.RecvCreate(t)
+	st.Send(t, ws.Created(c.WatchId, rev))
+	return st, c
+}
+
 var noLeader = status.Error(codes.Unavailable, "etcdserver: no leader")
 
 // TestDialLeavesALeaderlessMemberAndGoesHome: a Stream whose member
@@ -82,18 +103,12 @@ func TestDialLeavesALeaderlessMemberAndGoesHome(t *testing.T) {
 	g := dialScripted(t, []*ws.Server{home, other}, group.WithStreams(1), group.WithHoming(100*time.Millisecond),
 		group.WithStreamOptions(etcdwatch.WithRequireLeader()))
 
-	done := make(chan opened, 1)
-	go func() { // returns once the watch is confirmed or refused, within the test's context
-		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
-		done <- opened{w, err}
-	}()
+	done := openAsync(t, g, etcdwatch.Key("k"))
 	refused := home.Accept(t)
 	require.Equal(t, []string{"true"}, refused.Metadata().Get("hasleader"))
 	refused.Close(noLeader)
 
-	away := other.Accept(t)
-	c := away.RecvCreate(t)
-	away.Send(t, ws.Created(c.WatchId, 5))
+	away, c := confirmNext(t, other, 5)
 	o := <-done
 	require.NoError(t, o.err)
 	away.Send(t, ws.Events(c.WatchId, 6, ws.Put("k", "away", 6)))
@@ -129,14 +144,8 @@ func TestDialWhileHomeIsDownGoesHomeLater(t *testing.T) {
 	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
 		group.WithStreams(1), group.WithHoming(100*time.Millisecond))
 
-	done := make(chan opened, 1)
-	go func() { // returns once the watch is confirmed or refused, within the test's context
-		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
-		done <- opened{w, err}
-	}()
-	away := other.Accept(t)
-	c := away.RecvCreate(t)
-	away.Send(t, ws.Created(c.WatchId, 5))
+	done := openAsync(t, g, etcdwatch.Key("k"))
+	away, _ := confirmNext(t, other, 5)
 	o := <-done
 	require.NoError(t, o.err)
 
@@ -160,14 +169,8 @@ func TestProgressWithHomeDownAtDial(t *testing.T) {
 	other.SetLeader(1)
 	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 }, group.WithStreams(1))
 
-	done := make(chan opened, 1)
-	go func() { // returns once the watch is confirmed or refused, within the test's context
-		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
-		done <- opened{w, err}
-	}()
-	away := other.Accept(t)
-	c := away.RecvCreate(t)
-	away.Send(t, ws.Created(c.WatchId, 5))
+	done := openAsync(t, g, etcdwatch.Key("k"))
+	away, _ := confirmNext(t, other, 5)
 	require.NoError(t, (<-done).err)
 
 	answered := make(chan error, 1)
@@ -192,11 +195,7 @@ func TestGoHomeBeforeTheCreateIsAnswered(t *testing.T) {
 	homeDown.Store(true)
 	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
 		group.WithStreams(1), group.WithHoming(100*time.Millisecond))
-	done := make(chan opened, 1)
-	go func() { // returns once the watch is confirmed or refused, within the test's context
-		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
-		done <- opened{w, err}
-	}()
+	done := openAsync(t, g, etcdwatch.Key("k"))
 	away := other.Accept(t)
 	away.RecvCreate(t)
 	homeDown.Store(false)
@@ -231,19 +230,11 @@ func TestHomingWithASettleShorterThanTheRoundTrip(t *testing.T) {
 	g := dialScriptedVia(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 && homeDown.Load() },
 		func(c net.Conn) net.Conn { return slowConn{c, 40 * time.Millisecond} },
 		group.WithStreams(1), group.WithHoming(60*time.Millisecond))
-	done := make(chan opened, 1)
-	go func() { // returns once the watch is confirmed or refused, within the test's context
-		w, err := g.Watch(t.Context(), etcdwatch.Key("k"))
-		done <- opened{w, err}
-	}()
-	away := other.Accept(t)
-	c := away.RecvCreate(t)
-	away.Send(t, ws.Created(c.WatchId, 5))
+	done := openAsync(t, g, etcdwatch.Key("k"))
+	away, _ := confirmNext(t, other, 5)
 	require.NoError(t, (<-done).err)
 	homeDown.Store(false)
-	back := home.Accept(t)
-	c2 := back.RecvCreate(t)
-	back.Send(t, ws.Created(c2.WatchId, 5))
+	confirmNext(t, home, 5)
 	require.True(t, away.Ended(t))
 }
 
