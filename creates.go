@@ -215,6 +215,7 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 	if e.created != nil {
 		w.createdRev = headerRev
 	}
+	e.set(nowHere, e.is(fromNow)) // the create confirmed asked from now (see entry.start)
 	if e.is(fromNow) {
 		// The server starts a "from now" watch just after the store's
 		// revision when it registers it, and reports the revision it reads

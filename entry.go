@@ -35,6 +35,7 @@ const (
 	recreated                          // created again on this stream (a new stream, or compacted just past its revision; or a first create sent before, see unconfirmedAgain), not yet confirmed: no progress answer bookmarks it
 	replay                             // re-created from rev itself: the server sends rev's events a second time
 	unanchored                         // created from now, nothing since: the server's start is unknown, so every event is new
+	nowHere                            // its create on this stream asked from now: see caughtUp
 )
 
 func (e *entry) is(f entryFlags) bool { return e.flags&f != 0 }

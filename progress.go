@@ -89,15 +89,18 @@ type coverRun struct {
 
 // maxCovers bounds covers: a request repeated while the server answers
 // nothing joins the newest run, which then covers no more than its first
-// request did. Every request is counted, though etcd 3.5.13+ ignores one
-// it cannot answer yet (it answers once, later): a request must never go
-// uncounted, or the answer to it would be taken for a later request's.
+// request did. Every request is counted, though etcd 3.5.13+ never
+// answers one it cannot answer at once (only later ones): a request must
+// never go uncounted, or the answer to it would be taken for a later
+// request's.
 // So after a long hold, later answers cover less than they could: each is
 // taken for a request as many back as were ignored. That backlog never
 // shrinks: each answer counts off one, and each request asked again adds
-// one. A call waiting for a watch created since the hold asks again that
-// many times, back to back, for as long as the stream lives (a known cost:
-// a hold of a minute at the default retry can leave a few hundred).
+// one. A call waiting for a watch created since the hold from a past
+// revision asks again that many times, back to back, for as long as the
+// stream lives (a known cost: a hold of a minute at the default retry can
+// leave a few hundred). A watch from now, or one up to the answer, holds
+// up no call whatever the count says (see caughtUp).
 // Sending no more while requests are unanswered would be worse: the
 // ignored ones are never answered, and the stream would ask no more; and
 // leaving a request uncounted could take an answer to it for a later
@@ -174,11 +177,14 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	covered := p.coverage()
 	var uncovered int64 // the oldest create id of a watch the answer did not bookmark, if missed
 	missed := false
+	rev := resp.Header.Revision
 	for _, w := range d.watches {
-		if w.entry.reqID <= covered { // created before the request: covered by its answer
+		switch e := &w.entry; {
+		case e.reqID <= covered: // created before the request: covered by its answer
 			d.bookmark(w, resp.Header)
-		} else if !missed || w.entry.reqID < uncovered {
-			uncovered, missed = w.entry.reqID, true
+		case e.caughtUp(rev): // needs no answer: holds up no call
+		case !missed || e.reqID < uncovered:
+			uncovered, missed = e.reqID, true
 		}
 	}
 	var unconfirmed int64 // the oldest create id of a watch not confirmed yet, if waits
@@ -186,7 +192,6 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	if len(p.waiting) > 0 { // only calls care: not scanned for every answer
 		unconfirmed, waits = d.unconfirmed()
 	}
-	rev := resp.Header.Revision
 	var stay []*progressWaiter
 	short := false    // some call waits for a watch the answer did not cover
 	creating := false // some call waits for a create not confirmed yet
@@ -374,6 +379,20 @@ func unconfirmedAgain(w *Watch) {
 // not answered yet, and whose consumer has not given it up.
 func (e *entry) firstCreate() bool {
 	return e.created != nil && !e.is(probe) && e.state != stateAbandoned
+}
+
+// caughtUp reports whether the active watch e is up to rev, the revision
+// of a stream-wide answer that came after its created response, whichever
+// request the answer is to: every event <= rev is queued already; or its
+// create on this stream asked from now. etcd answers only at a moment when
+// every watch it has on the stream is synced, with the store's revision
+// then: a watch from now it had by then has had its events up to rev sent
+// (those held back for its created response went with it, which came
+// first), and one it registered after starts past rev. An answer to a
+// request sent before such a watch's create thus holds up no call waiting
+// for it, however many requests went unanswered (see maxCovers).
+func (e *entry) caughtUp(rev int64) bool {
+	return e.is(nowHere) || (e.rev >= rev && !e.is(unanchored))
 }
 
 // createdAgain reports whether e is created again (recreated) and not

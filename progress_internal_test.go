@@ -35,3 +35,39 @@ func TestCreatesSpareTheCallsScan(t *testing.T) {
 	require.EqualValues(t, 11, p.waiting[0].needs)
 	require.False(t, p.forAll)
 }
+
+// TestCaughtUp: which active watches an answer at revision 10 need not
+// cover, whichever request it is to.
+func TestCaughtUp(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		flags entryFlags
+		rev   int64
+		want  bool
+	}{
+		{"created from now on this stream, nothing since", nowHere | unanchored, 3, true},
+		{"created from now on this stream, an event since", nowHere, 4, true},
+		{"from an old revision, behind the answer", 0, 9, false},
+		{"from an old revision, up to it", 0, 10, true},
+		{"from a revision past it", 0, 12, true},
+		{"unanchored and not from now here: its start is not known", unanchored, 12, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := entry{flags: c.flags, rev: c.rev}
+			require.Equal(t, c.want, e.caughtUp(10))
+		})
+	}
+}
+
+// TestActivateRecordsACreateFromNow: nowHere says what the create just
+// confirmed asked for, and a watch created again from its revision loses it.
+func TestActivateRecordsACreateFromNow(t *testing.T) {
+	d := &dispatcher{watches: make(map[int64]*Watch), s: &Stream{}}
+	w := &Watch{}
+	w.entry.init(Request{Key: []byte("k")}, 0)
+	d.activate(w, 1, 10)
+	require.True(t, w.entry.is(nowHere))
+	w.entry.set(fromNow, false) // as requeued: the next create asks from its revision
+	d.activate(w, 2, 12)
+	require.False(t, w.entry.is(nowHere))
+}

@@ -386,11 +386,7 @@ func TestEarlyRefusalOfPipelinedCreates(t *testing.T) {
 	}
 	require.ErrorIs(t, recvResult(t, denied).err, etcdwatch.ErrPermissionDenied)
 	require.NoError(t, recvResult(t, ok).err)
-	h.srv.Send(t, ws.Progress(-1, 1))
-	if string(first.Key) == "deny" { // ok's create went out after the request: asked again for it
-		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-		h.srv.Send(t, ws.Progress(-1, 1))
-	}
+	h.srv.Send(t, ws.Progress(-1, 1)) // ends the call, even where ok's create went out after the request: ok is from now
 
 	// Trusted again: creates are pipelined.
 	x := h.watchAsync(context.Background(), etcdwatch.Key("x"))
@@ -1465,7 +1461,7 @@ func TestProgressNotHeldByLaterCreatesOneAtATime(t *testing.T) {
 	create("z") // its own id: one create at a time from now on
 	resA := h.watchAsync(context.Background(), etcdwatch.Key("a"))
 	h.srv.RecvCreate(t)
-	resB := h.watchAsync(context.Background(), etcdwatch.Key("b")) // queued behind a
+	resB := h.watchAsync(context.Background(), etcdwatch.Key("b").FromRevision(5)) // queued behind a; from an old revision, so that only an answer to a request after its create covers it
 	h.await(func() bool { return h.s.Stats().Watches == 3 })
 	got := h.progressAsync() // began with z, a and b
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
@@ -1481,6 +1477,43 @@ func TestProgressNotHeldByLaterCreatesOneAtATime(t *testing.T) {
 	create("c")                        // a watch opened within the round trip
 	h.srv.Send(t, ws.Progress(-1, 10)) // covers z, a and b
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
+}
+
+// TestProgressAfterAHoldNotHeldByAWatchFromNow: requests go out
+// unanswered (etcd 3.5.13+ stays silent while a watch catches up), then a
+// watch from now is created and a call waits for it. The first answer
+// after it returns the call, whichever request it answers: etcd answers
+// only when every watch it has on the stream is synced, and a watch from
+// now it registered after that moment starts past the answer's revision.
+// Catches the call asking again once for each request the server ignored,
+// back to back (the answers are counted off oldest first).
+func TestProgressAfterAHoldNotHeldByAWatchFromNow(t *testing.T) {
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithProgressRetry(5*time.Millisecond, 5*time.Millisecond))
+	h.watch(etcdwatch.Key("a").FromRevision(2), 10) // catching up: the server answers nothing
+	first := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	const unanswered = 5
+	for range unanswered - 1 { // asked again by the timer
+		awaitArmed(t, clk, 5*time.Millisecond)
+		clk.Advance(5 * time.Millisecond)
+		require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	}
+	b := h.watch(etcdwatch.Key("b"), 11) // from now, after every request
+	cmds := h.obs.Count(etcdwatch.HookCommand)
+	got := h.progressAsync() // joins the request in flight
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookCommand) > cmds })
+	h.srv.Send(t, ws.Progress(-1, 11)) // a caught up: the answer to some request before b's create
+	require.Equal(t, int64(11), recvProgress(t, first).rev)
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked for the call that joined")
+	h.srv.Send(t, ws.Progress(-1, 12)) // counted off as the second request's answer
+	require.Equal(t, int64(12), recvProgress(t, got).rev, "answered: b is from now")
+	res := h.watchAsync(context.Background(), etcdwatch.Key("marker"))
+	require.NotNil(t, h.srv.Recv(t).GetCreateRequest(), "asked again after the call was answered")
+	h.srv.Send(t, ws.Created(200, 12))
+	require.NoError(t, recvResult(t, res).err)
+	h.srv.Send(t, ws.Events(b.ID(), 13, ws.Put("b", "v", 13)))
+	require.Equal(t, int64(13), next(t, b).Revision, "b delivers on")
 }
 
 // TestLateEventsOfAnAnsweredCancelAreDropped: etcd may send a watch's last

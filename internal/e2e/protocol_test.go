@@ -3,12 +3,16 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 )
 
@@ -126,4 +130,78 @@ func TestProgressAnswerRacingAnOldCreate(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
+}
+
+// sendCounter counts the messages sent on the connection's streams, through
+// an interceptor.
+type sendCounter struct{ n atomic.Int64 }
+
+func (c *sendCounter) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &countedStream{ClientStream: cs, n: &c.n}, nil
+}
+
+type countedStream struct {
+	grpc.ClientStream
+	n *atomic.Int64
+}
+
+func (s *countedStream) SendMsg(m any) error {
+	s.n.Add(1)
+	return s.ClientStream.SendMsg(m)
+}
+
+// TestProgressAfterAHoldNotHeldByAWatchFromNow: a watch from a future
+// revision keeps etcd from answering any progress request on its stream,
+// so a call's requests go unanswered, one each retry. Then a watch from now
+// is opened, the hold ends, and a call waits for that watch: it is
+// answered within a request or two. Catches the call asking again once for
+// each request etcd ignored, back to back (answers are counted off oldest
+// first, and those requests were sent before the watch's create).
+func TestProgressAfterAHoldNotHeldByAWatchFromNow(t *testing.T) {
+	leakCheck(t)
+	var sent sendCounter
+	conn, err := dial.New([]string{etcd.Endpoint}, dial.WithInsecure(), dial.WithGRPCOptions(grpc.WithStreamInterceptor(sent.stream)))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	s, err := etcdwatch.Open(conn, etcdwatch.WithProgressRetry(20*time.Millisecond, 20*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	kv, c := client(t), ctx(t)
+	prefix := unique("progress-hold")
+	head := put(t, kv, prefix+"b", "0")
+	hold, err := s.Watch(c, etcdwatch.Key(prefix+"future").FromRevision(head+1000))
+	require.NoError(t, err)
+	first := make(chan error, 1)
+	go func() { // returns once the hold ends
+		_, err := s.RequestProgress(c)
+		first <- err
+	}()
+	const ignored = 30
+	base := sent.n.Load()
+	require.Eventually(t, func() bool { return sent.n.Load() >= base+ignored }, wait, time.Millisecond, "requests asked again")
+	b, err := s.Watch(c, etcdwatch.Key(prefix+"b")) // from now, after every request
+	require.NoError(t, err)
+	var writes []int64
+	for i := range 3 {
+		writes = append(writes, put(t, kv, prefix+"b", fmt.Sprint(i+1)))
+	}
+	hold.Cancel()
+	before := sent.n.Load()
+	rev, err := s.RequestProgress(c)
+	require.NoError(t, err)
+	asked := sent.n.Load() - before // requests, and the hold's cancel
+	require.NoError(t, <-first)
+	require.GreaterOrEqual(t, rev, writes[2])
+	require.Less(t, asked, int64(ignored/3), "the call asked again for requests etcd ignored")
+	var got []int64
+	for len(got) < len(writes) {
+		for _, e := range nextEvents(t, b) {
+			got = append(got, e.ModRevision)
+		}
+	}
+	require.Equal(t, writes, got)
 }
