@@ -9,7 +9,9 @@
 //
 //   - [Server]: an etcd member embedded in the process, from [StartEtcd]
 //     (one member) or [StartCluster] (n members), which can be stopped and
-//     restarted on the same data and ports, and asked whether it leads.
+//     restarted on the same data and ports, cut off from its peers while
+//     clients still reach it ([Server.Isolate]), and asked whether it
+//     leads.
 //   - [Proxy]: a TCP proxy from a loopback port to a target, from
 //     [NewProxy].
 //

@@ -41,8 +41,9 @@ type Server struct {
 	// 127.0.0.1.
 	Endpoint string
 
-	cfg  *embed.Config
-	life sync.Mutex // held by Stop and Restart throughout
+	cfg   *embed.Config
+	peers []*Server  // every member of the cluster, this one included; set before the constructor returns
+	life  sync.Mutex // held by Stop and Restart throughout
 
 	mu   sync.Mutex
 	etcd *embed.Etcd // nil while stopped
@@ -134,6 +135,7 @@ func startCluster(dir string, n int, opts []Option) ([]*Server, error) {
 	}
 	for _, m := range members {
 		m.cfg.InitialCluster = strings.Join(initial, ",")
+		m.peers = members
 		e, err := embed.StartEtcd(m.cfg)
 		if err != nil {
 			StopAll(members...)
@@ -255,6 +257,45 @@ func (s *Server) IsLeader() bool {
 func (s *Server) HasLeader() bool {
 	e := s.running()
 	return e != nil && e.Server.Leader() != 0
+}
+
+// Isolate cuts the member off from the other members of its cluster, as a
+// network partition would, while clients still reach it: it and each
+// running peer drop the raft messages they would send the other (etcd's
+// own partition hook, EtcdServer.CutPeer). An isolated follower loses its
+// leader within an election timeout or two, and etcd then refuses, on it,
+// requests and watch streams that require a leader; an isolated leader
+// steps down, and the rest elect another. The others keep serving if they
+// are a quorum. Isolating an isolated member does nothing more.
+//
+// Isolation lasts until Rejoin, or until the member or a peer restarts: a
+// restarted member drops nothing itself, though its peers still drop what
+// they would send it, so call Rejoin after such a restart.
+func (s *Server) Isolate() { s.partition(true) }
+
+// Rejoin undoes Isolate: the member and its running peers send each other
+// their raft messages again, and it rejoins the cluster (a follower that
+// lost its leader finds it at the leader's next heartbeat).
+func (s *Server) Rejoin() { s.partition(false) }
+
+func (s *Server) partition(cut bool) {
+	e := s.running()
+	if e == nil {
+		return
+	}
+	for _, p := range s.peers {
+		pe := p.running()
+		if p == s || pe == nil {
+			continue
+		}
+		if cut {
+			e.Server.CutPeer(pe.Server.MemberID())
+			pe.Server.CutPeer(e.Server.MemberID())
+		} else {
+			e.Server.MendPeer(pe.Server.MemberID())
+			pe.Server.MendPeer(e.Server.MemberID())
+		}
+	}
 }
 
 // Dial returns a gRPC connection to the member's Endpoint, without TLS

@@ -13,8 +13,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
@@ -140,6 +142,41 @@ func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
 	require.Eventually(t, leader.HasLeader, wait, 10*time.Millisecond)
 	require.Equal(t, "v", get(t, memberConn(t, leader), "k"))
 	return members
+}
+
+// TestIsolate: an isolated follower loses its leader while clients still
+// reach it, and refuses a watch stream that requires a leader; the others
+// keep theirs and take writes. Rejoined, it has a leader again and the
+// writes made meanwhile.
+func TestIsolate(t *testing.T) {
+	members := etcdwatchtest.StartCluster(t, 3)
+	var victim, leader *etcdwatchtest.Server
+	for _, m := range members {
+		if m.IsLeader() {
+			leader = m
+		} else {
+			victim = m
+		}
+	}
+	require.NotNil(t, leader)
+	victim.Isolate()
+	require.Eventually(t, func() bool { return !victim.HasLeader() }, wait, 10*time.Millisecond, "the isolated member kept its leader")
+	for _, m := range members {
+		if m != victim {
+			require.True(t, m.HasLeader(), "%s lost its leader", m.Name)
+		}
+	}
+	put(t, memberConn(t, leader), "isolated", "v")
+
+	ctx := metadata.AppendToOutgoingContext(testContext(t), "hasleader", "true")
+	stream, err := pb.NewWatchClient(memberConn(t, victim)).Watch(ctx)
+	require.NoError(t, err)
+	_, err = stream.Recv()
+	require.ErrorIs(t, err, rpctypes.ErrGRPCNoLeader, "a watch stream requiring a leader was served")
+
+	victim.Rejoin()
+	require.Eventually(t, victim.HasLeader, wait, 10*time.Millisecond, "the member did not rejoin")
+	require.Equal(t, "v", get(t, memberConn(t, victim), "isolated"))
 }
 
 // TestOption: an Option changes the member's configuration, here to accept

@@ -222,3 +222,75 @@ func TestGroupMemberFailure(t *testing.T) {
 		len(stayed), stayedAt.Round(time.Millisecond), len(moved), movedAt.Round(time.Millisecond),
 		w.txns, events, len(all), dialed.Stats().Moved, shared.Stats().Moved)
 }
+
+// TestGroupLeaderlessMember: a follower cut off from its peers (etcd's own
+// partition hook) loses its leader while clients still reach it, and with
+// WithRequireLeader etcd ends the watch streams on it. Dial's Stream whose
+// home it is moves to the next member, where its watches deliver the
+// writes the others commit; the other Streams never move. Once the member
+// rejoins and has a leader for the settle time, that Stream goes home, its
+// watches resuming there. Then every watch's whole history is checked.
+func TestGroupLeaderlessMember(t *testing.T) {
+	leakCheck(t)
+	members := etcdwatchtest.StartCluster(t, 3)
+	var endpoints []string
+	for _, m := range members {
+		endpoints = append(endpoints, m.Endpoint)
+	}
+	setup := clientFor(t, endpoints...)
+	ids := map[string]uint64{} // endpoint -> member id
+	for _, ep := range endpoints {
+		st, err := setup.Status(ctx(t), ep)
+		require.NoError(t, err)
+		ids[ep] = st.Header.MemberId
+	}
+	victim := slices.IndexFunc(members, func(m *etcdwatchtest.Server) bool { return !m.IsLeader() })
+	var survivors []string
+	for i, ep := range endpoints {
+		if i != victim {
+			survivors = append(survivors, ep)
+		}
+	}
+	start := currentRevision(t, setup) + 1
+	prefix := unique("leaderless")
+	g, err := group.Dial(endpoints, group.WithDialOptions(dial.WithInsecure()),
+		group.WithStreamOptions(fastRetry, etcdwatch.WithRequireLeader()), group.WithHoming(500*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, g.Close()) })
+	wg := watchGroup(t, "Dial", g, prefix, start)
+	require.Equal(t, endpoints, wg.before, "Dial: Stream i on member i")
+	w := startWriter(t, clientFor(t, survivors...), prefix, 10) // never waits for the victim
+	wg.bookmarked(t, ids)
+
+	members[victim].Isolate()
+	require.Eventually(t, func() bool { return g.Streams()[victim].Member != endpoints[victim] }, wait, 10*time.Millisecond,
+		"the leaderless member's Stream did not move")
+	require.False(t, members[victim].HasLeader())
+	away := w.committedAfter(t)
+	for _, r := range wg.recs {
+		waitDelivered(t, w.lastMatching(r, away), r)
+	}
+	wg.bookmarked(t, ids) // each watch answered by its Stream's member now
+	require.Equal(t, endpoints[(victim+1)%3], g.Streams()[victim].Member, "moved to the next member")
+	require.EqualValues(t, 7, g.Streams()[victim].Stats.Moved, "each of its watches resumed once")
+
+	members[victim].Rejoin()
+	require.Eventually(t, func() bool { return g.Streams()[victim].Member == endpoints[victim] }, wait, 10*time.Millisecond,
+		"the Stream did not go home")
+	home := w.committedAfter(t)
+	for _, r := range wg.recs {
+		waitDelivered(t, w.lastMatching(r, home), r)
+	}
+	wg.bookmarked(t, ids) // answered by the victim again on its Stream
+	for i, s := range g.Streams()[:3] {
+		require.Equal(t, endpoints[i], s.Member, "Stream %d on its own member", i)
+		if i != victim {
+			require.Zero(t, s.Stats.Reconnects, "Stream %d never moved", i)
+			continue
+		}
+		require.EqualValues(t, 14, s.Stats.Moved, "each of Stream %d's watches resumed twice, away and home", i)
+	}
+	events := finish(t, w, wg.recs)
+	t.Logf("member %d of 3 (a follower) isolated, then rejoined; %d transactions, %d events checked over %d watches; moved %d; lost 0, duplicated 0",
+		victim, w.txns, events, len(wg.recs), g.Stats().Moved)
+}
