@@ -128,6 +128,17 @@ func TestSoak(t *testing.T) {
 			m.Stop()
 			require.NoError(t, m.Restart())
 		}},
+		{"isolate-one", func() {
+			// A member cut off from its peers loses its leader while
+			// clients still reach it: every Stream requires a leader, so
+			// those on it move, and the group's goes home once it rejoins.
+			m := members[rand.IntN(len(members))]
+			m.Isolate()
+			require.Eventually(t, func() bool { return !m.HasLeader() }, wait, time.Millisecond, "the isolated member kept its leader")
+			time.Sleep(time.Duration(rand.IntN(1500)) * time.Millisecond) // how long the partition lasts: not synchronisation
+			m.Rejoin()
+			require.Eventually(t, m.HasLeader, wait, time.Millisecond, "the member did not rejoin")
+		}},
 		{"compact", func() { compactBelowWatches() }},
 		{"view-outage", func() {
 			// The outage view is held off while the store is compacted
