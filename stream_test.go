@@ -1516,6 +1516,47 @@ func TestProgressAfterAHoldNotHeldByAWatchFromNow(t *testing.T) {
 	require.Equal(t, int64(13), next(t, b).Revision, "b delivers on")
 }
 
+// TestProgressWaitsForAWatchCompactedJustPastItsRevision: a call waits
+// across a stream's end; on the new stream, the watch it waits for asks
+// for its own revision again and is compacted just past it, so it is
+// created once more, from the next revision. The answer to the request
+// sent before that create must not return the call: the watch's events
+// at the compaction revision come after it. Catches the compaction's
+// create, made on a stream the call already waits on, left out of what
+// the call waits for.
+func TestProgressWaitsForAWatchCompactedJustPastItsRevision(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake())) // no request asked again by the timer
+	a := h.watch(etcdwatch.Key("a"), 10)
+	h.srv.Send(t, ws.Events(a.ID(), 11, ws.Put("a", "v", 11)))
+	require.EqualValues(t, 11, next(t, a).Revision)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	handled := h.obs.Count(etcdwatch.HookResponse) // the first stream's, all handled
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.EqualValues(t, 11, c.StartRevision, "at the head: asks for its own revision again")
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again on the new stream")
+	h.srv.Send(t, ws.Created(c.WatchId, 12))
+	h.srv.Send(t, ws.Compacted(c.WatchId, 12)) // just past its revision: created again from 12
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+	again := h.srv.RecvCreate(t)
+	require.EqualValues(t, 12, again.StartRevision)
+	h.srv.Send(t, ws.Progress(-1, 12)) // to the request sent before that create
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookResponse) == handled+int(h.srv.Sent()) })
+	select {
+	case r := <-got:
+		t.Fatalf("returned %v before the watch created again was confirmed", r)
+	default:
+	}
+	h.srv.Send(t, ws.Created(again.WatchId, 12))
+	h.srv.Send(t, ws.Events(again.WatchId, 12, ws.Put("a", "w", 12)))
+	r := next(t, a)
+	require.EqualValues(t, 12, r.Revision, "its event at the compaction revision")
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once the create was answered")
+	h.srv.Send(t, ws.Progress(-1, 12))
+	require.EqualValues(t, 12, recvProgress(t, got).rev)
+}
+
 // TestLateEventsOfAnAnsweredCancelAreDropped: etcd may send a watch's last
 // events after its answer to the watch's cancel (its send loop takes them
 // from another queue). They are dropped: neither canceled again, as an id
