@@ -180,9 +180,8 @@ func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	rev := resp.Header.Revision
 	for _, w := range d.watches {
 		switch e := &w.entry; {
-		case e.reqID <= covered: // created before the request: covered by its answer
+		case e.reqID <= covered || e.caughtUp(rev): // created before the request, or up to rev whatever the request
 			d.bookmark(w, resp.Header)
-		case e.caughtUp(rev): // needs no answer: holds up no call
 		case !missed || e.reqID < uncovered:
 			uncovered, missed = e.reqID, true
 		}
@@ -388,9 +387,10 @@ func (e *entry) firstCreate() bool {
 // every watch it has on the stream is synced, with the store's revision
 // then: a watch from now it had by then has had its events up to rev sent
 // (those held back for its created response went with it, which came
-// first), and one it registered after starts past rev. An answer to a
-// request sent before such a watch's create thus holds up no call waiting
-// for it, however many requests went unanswered (see maxCovers).
+// first), and one it registered after starts past rev. Such a watch is
+// bookmarked at rev as a covered one is, and an answer to a request sent
+// before its create holds up no call waiting for it, however many
+// requests went unanswered (see maxCovers).
 func (e *entry) caughtUp(rev int64) bool {
 	return e.is(nowHere) || (e.rev >= rev && !e.is(unanchored))
 }

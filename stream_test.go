@@ -1513,7 +1513,13 @@ func TestProgressAfterAHoldNotHeldByAWatchFromNow(t *testing.T) {
 	h.srv.Send(t, ws.Created(200, 12))
 	require.NoError(t, recvResult(t, res).err)
 	h.srv.Send(t, ws.Events(b.ID(), 13, ws.Put("b", "v", 13)))
-	require.Equal(t, int64(13), next(t, b).Revision, "b delivers on")
+	var bookmarked int64 // the last bookmark before b's next event
+	r := next(t, b)
+	for ; r.IsProgress(); r = next(t, b) {
+		bookmarked = r.Revision
+	}
+	require.Equal(t, int64(12), bookmarked, "b bookmarked at the revision the call returned, as RequestProgress promises")
+	require.Equal(t, int64(13), r.Revision, "b delivers on")
 }
 
 // TestProgressWaitsForAWatchCompactedJustPastItsRevision: a call waits

@@ -197,11 +197,18 @@ func TestProgressAfterAHoldNotHeldByAWatchFromNow(t *testing.T) {
 	require.NoError(t, <-first)
 	require.GreaterOrEqual(t, rev, writes[2])
 	require.Less(t, asked, int64(ignored/3), "the call asked again for requests etcd ignored")
+	after := put(t, kv, prefix+"b", "after") // once the call returned: after the bookmark it promised
 	var got []int64
-	for len(got) < len(writes) {
-		for _, e := range nextEvents(t, b) {
+	var bookmarked int64 // the last bookmark before the write made after the call
+	for len(got) == 0 || got[len(got)-1] < after {
+		r := next(t, b)
+		if r.IsProgress() {
+			bookmarked = r.Revision
+		}
+		for _, e := range r.Events {
 			got = append(got, e.ModRevision)
 		}
 	}
-	require.Equal(t, writes, got)
+	require.Equal(t, append(writes, after), got)
+	require.GreaterOrEqual(t, bookmarked, rev, "b bookmarked at the revision the call returned, before the next write")
 }
