@@ -716,6 +716,9 @@ func (g *Group) Close() error {
 			g.members.wait() // its goroutines ended with base
 		}
 		closeAll(g.owned)
+		if g.members != nil {
+			g.members.closed()
+		}
 	})
 	return nil
 }

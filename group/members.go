@@ -71,6 +71,16 @@ func (ms *members) broadcast() {
 	ms.changed = make(chan struct{})
 }
 
+// closed wakes the calls waiting for a change (route.call,
+// WaitForStateChange) once Close has closed the connections: no watch
+// goroutine is left to, and their next attempt fails as the connection
+// is closing.
+func (ms *members) closed() {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.broadcast()
+}
+
 // memberState is what a route knows of member i now.
 func (ms *members) memberState(i int) memberState {
 	s := ms.conns[i].GetState()

@@ -89,8 +89,8 @@ func (r *route) pick() int {
 func (r *route) home() int { return r.order[0] }
 
 func (r *route) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return r.call(ctx, opts, func(cc *grpc.ClientConn, opts []grpc.CallOption) error {
-		return cc.Invoke(ctx, method, args, reply, opts...)
+	return r.call(ctx, opts, func(m int, opts []grpc.CallOption) error {
+		return r.ms.conns[m].Invoke(ctx, method, args, reply, opts...)
 	})
 }
 
@@ -99,9 +99,9 @@ func (r *route) NewStream(ctx context.Context, desc *grpc.StreamDesc, method str
 		return r.newWatch(ctx, desc, opts)
 	}
 	var cs grpc.ClientStream
-	err := r.call(ctx, opts, func(cc *grpc.ClientConn, opts []grpc.CallOption) error {
+	err := r.call(ctx, opts, func(m int, opts []grpc.CallOption) error {
 		var err error
-		cs, err = cc.NewStream(ctx, desc, method, opts...)
+		cs, err = r.ms.conns[m].NewStream(ctx, desc, method, opts...)
 		return err
 	})
 	return cs, err
@@ -114,16 +114,16 @@ func (r *route) NewStream(ctx context.Context, desc *grpc.StreamDesc, method str
 // again on the member then chosen, after waiting for a change while the
 // route has no connection to offer. An Unavailable from a member still
 // connected is the server's answer, and returned.
-func (r *route) call(ctx context.Context, opts []grpc.CallOption, attempt func(*grpc.ClientConn, []grpc.CallOption) error) error {
+func (r *route) call(ctx context.Context, opts []grpc.CallOption, attempt func(m int, opts []grpc.CallOption) error) error {
 	if !rpcerr.WaitsForReady(opts) {
-		return attempt(r.ms.conns[r.pick()], opts)
+		return attempt(r.pick(), opts)
 	}
 	failFast := append(opts[:len(opts):len(opts)], grpc.WaitForReady(false))
 	for {
 		changed := r.ms.changes()
-		cc := r.ms.conns[r.pick()]
-		err := attempt(cc, failFast)
-		if status.Code(err) != codes.Unavailable || cc.GetState() == connectivity.Ready {
+		m := r.pick()
+		err := attempt(m, failFast)
+		if status.Code(err) != codes.Unavailable || r.ms.conns[m].GetState() == connectivity.Ready {
 			return err
 		}
 		if r.GetState() != connectivity.TransientFailure {
@@ -132,18 +132,28 @@ func (r *route) call(ctx context.Context, opts []grpc.CallOption, attempt func(*
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return status.FromContextError(context.Cause(ctx)).Err()
+			return status.FromContextError(ctx.Err()).Err() // its code, as gRPC's own wait
 		}
 	}
 }
 
 // newWatch opens a Watch RPC on the member pick chooses, and records it
 // until it ends. The Stream opens its Watch RPCs failing fast, and waits
-// for the route's state itself (GetState, WaitForStateChange).
+// for the route's state itself (GetState, WaitForStateChange), unless its
+// call options make them wait for a ready connection: then call waits for
+// the route's, not for one member's.
 func (r *route) newWatch(ctx context.Context, desc *grpc.StreamDesc, opts []grpc.CallOption) (grpc.ClientStream, error) {
-	m := r.pick()
 	ctx, cancel := context.WithCancelCause(ctx)
-	cs, err := r.ms.conns[m].NewStream(ctx, desc, pb.Watch_Watch_FullMethodName, opts...)
+	var (
+		m  int
+		cs grpc.ClientStream
+	)
+	err := r.call(ctx, opts, func(i int, opts []grpc.CallOption) error {
+		var err error
+		m = i
+		cs, err = r.ms.conns[i].NewStream(ctx, desc, pb.Watch_Watch_FullMethodName, opts...)
+		return err
+	})
 	if err != nil {
 		cancel(nil)
 		return nil, err
