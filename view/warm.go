@@ -15,6 +15,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 )
 
 // warmOptions are the options of warm restarts.
@@ -195,10 +196,16 @@ func (r *runner[T]) restore() (bool, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	vouched := make(chan vouching, 1)
-	r.tasks.Go(func() { // returns with the answer, or once restore has returned; start waits
-		g, err := r.vouch(ctx)
-		vouched <- vouching{g, err}
-	})
+	ask := func() {
+		r.tasks.Go(func() { // returns with the answer, or once restore has returned; start waits
+			g, err := r.vouch(ctx)
+			select {
+			case vouched <- vouching{g, err}:
+			case <-ctx.Done():
+			}
+		})
+	}
+	ask()
 	ld, err := r.load(sr, h)
 	if err != nil {
 		cancel()
@@ -209,7 +216,7 @@ func (r *runner[T]) restore() (bool, error) {
 	w.restored = h.revision
 	r.install(ld.ed, ld.raw, h.revision, ld.bytes, cluster, watch)
 	r.publishFirst()
-	return r.catchUp(h.revision, vouched)
+	return r.catchUp(h.revision, vouched, ask)
 }
 
 // endWarm does what warm restarts need once the state has ended and its
@@ -300,12 +307,21 @@ func (r *runner[T]) refuse(err error) {
 // revision (sinceSave). It reports false, nil when the watch was
 // compacted: the state at the saved revision stays published, and a
 // listing follows. When vouch gave up (a refused read), it ends the watch
-// and returns the read's error, as a refused listing would.
-func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching) (bool, error) {
+// and returns the read's error, as a refused listing would. A goal not
+// reached within progressWait is asked for again (ask), as Sync's reach
+// does: the watch, unread while the state loaded, may have been paused
+// meanwhile, and a paused watch is not covered by the answer, whose
+// bookmark then never comes.
+func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching, ask func()) (bool, error) {
 	var changes []Change[T]
 	var g *goal
+	var again clock.Stoppable // runs while the goal is not reached: its bookmark can be lost (a paused watch is not covered)
+	defer again.Stop()
 	for g == nil || !g.reached(r.rev, r.ed.Len()) {
 		select {
+		case <-again.C:
+			again.Stop()
+			ask() // the answer is for the watch as it is now
 		case resp, ok := <-r.w.Responses():
 			if !ok {
 				return r.catchUpEnded(saved)
@@ -317,6 +333,7 @@ func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching) (bool, error) 
 				return true, &readError{"reading how far to catch up", v.err}
 			}
 			g = &v.goal
+			again.Reset(clock.Real, progressWait)
 		case <-r.ctx.Done():
 			r.w.Cancel()
 			return true, context.Cause(r.ctx)

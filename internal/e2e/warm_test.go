@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -157,4 +161,58 @@ func TestViewWarmRestartRefusesAnotherCluster(t *testing.T) {
 	require.EqualValues(t, 1, v.Stats().RestoreRefusals)
 	require.Equal(t, 1, v.Len())
 	requireEqualsServer(t, okv, v, v.Snapshot())
+}
+
+// TestRestoreCatchUpWhileItsWatchIsPaused: a view restored from a saved
+// state with more changes since than a watch buffers (1,024 events), whose
+// load takes longer than the Stream's stall budget (100 ms), has its watch
+// paused while it loads, and a paused watch is not covered by the progress
+// answer that said how far to catch up: the bookmark at that revision
+// never reaches it. The store has moved on outside the range, so the
+// range's own events stop below it. Catches a catch-up that never asked
+// again: New waited until its context ended (or the next write to the
+// range, or etcd's own progress notification, 10 minutes by default).
+func TestRestoreCatchUpWhileItsWatchIsPaused(t *testing.T) {
+	leakCheck(t)
+	kv := client(t)
+	prefix, other := unique("paused-restore"), unique("paused-restore-other")
+	deleteWhenDone(t, kv, prefix)
+	deleteWhenDone(t, kv, other)
+	put(t, kv, prefix+"a", "1")
+	first, err := view.New(ctx(t), open(t), etcdwatch.Prefix(prefix), view.DecodeBytes, view.WithSave())
+	require.NoError(t, err)
+	var saved bytes.Buffer
+	require.NoError(t, first.Save(&saved))
+	require.NoError(t, first.Close())
+	for i := range 30 { // 3,000 events in 30 revisions
+		var ops []clientv3.Op
+		for j := range 100 {
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sk%02d-%03d", prefix, i, j), "v"))
+		}
+		_, err := kv.Txn(ctx(t)).Then(ops...).Commit()
+		require.NoError(t, err)
+	}
+	rev := put(t, kv, other+"x", "after") // the store moves on outside the range
+
+	s := open(t)
+	gate := make(chan struct{})
+	var once sync.Once
+	decode := func(_, v []byte) ([]byte, error) {
+		once.Do(func() { <-gate }) // the load's first decode waits
+		return v, nil
+	}
+	go func() { // lets the load go on once the restore's watch, which it keeps from being read, is paused
+		defer close(gate)
+		assert.Eventually(t, func() bool { return s.Stats().Pauses > 0 }, wait, time.Millisecond, "the restore's watch was not paused")
+	}()
+	c, cancel := context.WithTimeout(ctx(t), 10*time.Second) // far beyond the catch-up's progressWait (1 s)
+	defer cancel()
+	v, err := view.New(c, s, etcdwatch.Prefix(prefix), decode, view.WithRestore(&saved))
+	require.NoError(t, err, "New of a restored view did not return; stream stats %+v", s.Stats())
+	defer v.Close()
+	restored, err := v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, first.Revision(), restored, "restored, not listed")
+	require.GreaterOrEqual(t, v.Revision(), rev, "caught up to the revision vouched for")
+	require.Equal(t, 3001, v.Len())
 }
