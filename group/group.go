@@ -726,7 +726,12 @@ func (g *Group) Close() error {
 // Conn returns a connection for RPCs of a wing's own (a view's Range
 // calls), with the Streams' call options (Stream.Conn): each RPC goes on
 // the connection of the group's next Stream in turn, so that with Dial the
-// reads of many views spread over the members as their watches do.
+// reads of many views spread over the members as their watches do. Under
+// Dial, an RPC made with grpc.WaitForReady waits for a ready member, not
+// for the one first chosen; a WaitForReady given as a default call option
+// (grpc.WithDefaultCallOptions in WithDialOptions) is not seen, and such
+// an RPC waits on the member chosen: pass it per call, or through the
+// Streams' WithCallOptions.
 func (g *Group) Conn() grpc.ClientConnInterface { return g.turns }
 
 // Context returns a context that ends at Close, with cause
