@@ -88,8 +88,27 @@ func (d *dispatcher) handleSessionEnd() {
 	delay := d.backoff.next(now, end)
 	d.s.stats.reconnects.Add(1)
 	d.logStreamEnd(err, end, delay)
+	if !errors.Is(err, errStaleCredentials) && !errors.Is(err, errUnmatched) {
+		d.forgetAuthRetries()
+	}
 	d.requeueAll()
 	d.retry.Reset(d.clock, delay)
+}
+
+// forgetAuthRetries clears authRetried on the watches whose retry, after a
+// refusal for a stale token, got no answer: the stream that was to carry
+// it ended for another reason first, so the next refusal is the first the
+// retry meets, and earns another new stream rather than the watch's end.
+// A stream ended for a refusal keeps them: for the stale token itself
+// (errStaleCredentials), or for one it could not match to a create
+// (errUnmatched), which may have been the retry's answer.
+func (d *dispatcher) forgetAuthRetries() {
+	for w := range d.pending.All() {
+		w.entry.set(authRetried, false)
+	}
+	for w := range d.toCreate.All() {
+		w.entry.set(authRetried, false)
+	}
 }
 
 // retryable reports whether a new stream may succeed where this one ended

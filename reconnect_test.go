@@ -232,6 +232,38 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 	require.Equal(t, 1, logs.count("create refused for its credentials; trying a new stream"), "one retry for a stale token")
 }
 
+// TestStaleTokenRetryCutBeforeItsAnswer: a create refused for a stale
+// token is tried again on a new stream; if that stream is cut before it
+// answers, the retry never happened, and a stale-token refusal on the
+// stream after is the first one the retry meets: the watch gets a new
+// stream again rather than ending with ErrUnauthenticated.
+func TestStaleTokenRetryCutBeforeItsAnswer(t *testing.T) {
+	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 3)
+	h.cut()
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.CreateFailed(stale)) // the first refusal: a new stream
+	h.srv = h.server.Accept(t)
+	h.srv.RecvCreate(t) // the retry, on the new stream...
+	h.cut()             // ...which is cut before it answers
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.CreateFailed(stale)) // the retry's first answer
+	var next *ws.Stream
+	select {
+	case next = <-h.server.Streams():
+	case <-w.Done():
+		t.Fatalf("the watch ended with %v; its retry on a new stream never got an answer", w.Err())
+	case <-time.After(wait):
+		t.Fatal("neither a new stream nor the watch's end")
+	}
+	c := next.RecvCreate(t)
+	next.Send(t, ws.Created(c.WatchId, 5))
+	h.srv = next
+	h.await(func() bool { return w.ID() == c.WatchId }, "the watch was not created on the next stream")
+	require.NoError(t, w.Err())
+}
+
 // logRecorder is a slog.Handler that keeps the messages it is given, each
 // after its level and followed by its attributes ("WARN etcdwatch: ...
 // err=...").
