@@ -191,6 +191,10 @@ func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 		d.forget(w)
 	case errors.Is(err, ErrUnauthenticated) && !e.is(authRetried):
 		e.set(authRetried, true)
+		if d.staleHere == nil {
+			d.staleHere = make(map[*Watch]struct{})
+		}
+		d.staleHere[w] = struct{}{}
 		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
 		unconfirmedAgain(w)
 		d.toCreate.Push(w)

@@ -25,6 +25,7 @@ const (
 	HookPumpStart = hookPumpStart // the dispatcher is about to start a pump
 	HookTook      = hookTook      // a pump accounted for a response its consumer took
 	HookPumpDone  = hookPumpDone  // a pump ended its run
+	HookExited    = hookExited    // a session ended
 )
 
 // Observer counts the points a Stream's goroutines pass, and wakes those
@@ -40,6 +41,13 @@ func NewObserver() *Observer { return &Observer{changed: make(chan struct{})} }
 
 // WithObserver lets o observe the Stream.
 func WithObserver(o *Observer) Option { return func(opts *options) { opts.hooks = &hooks{on: o.at} } }
+
+// WithGate lets o observe the Stream, and calls gate after o at each point,
+// on the Stream's goroutine there: a gate that blocks holds that goroutine
+// at that point.
+func WithGate(o *Observer, gate func(Hook)) Option {
+	return func(opts *options) { opts.hooks = &hooks{on: func(p hook) { o.at(p); gate(p) }} }
+}
 
 func (o *Observer) at(p hook) {
 	o.mu.Lock()

@@ -11,6 +11,7 @@ const (
 	hookPumpStart             // the dispatcher is about to start a pump
 	hookTook                  // a pump accounted for a response its consumer took
 	hookPumpDone              // a pump ended its run
+	hookExited                // a session ended, with the first error any of its loops or the dispatcher gave it
 	hookCount
 )
 

@@ -91,6 +91,7 @@ func (d *dispatcher) handleSessionEnd() {
 	if !errors.Is(err, errStaleCredentials) && !errors.Is(err, errUnmatched) {
 		d.forgetAuthRetries()
 	}
+	d.staleHere = nil
 	d.requeueAll()
 	d.retry.Reset(d.clock, delay)
 }
@@ -103,11 +104,12 @@ func (d *dispatcher) handleSessionEnd() {
 // (errStaleCredentials), or for one it could not match to a create
 // (errUnmatched), which may have been the retry's answer.
 func (d *dispatcher) forgetAuthRetries() {
-	for w := range d.pending.All() {
-		w.entry.set(authRetried, false)
-	}
-	for w := range d.toCreate.All() {
-		w.entry.set(authRetried, false)
+	for _, q := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
+		for w := range q.All() {
+			if _, refused := d.staleHere[w]; !refused { // refused on this stream: that refusal was its answer
+				w.entry.set(authRetried, false)
+			}
+		}
 	}
 }
 

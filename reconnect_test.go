@@ -264,6 +264,56 @@ func TestStaleTokenRetryCutBeforeItsAnswer(t *testing.T) {
 	require.NoError(t, w.Err())
 }
 
+// TestStaleTokenRefusedAsItsStreamEnds: the first refusal for a stale
+// token arrives as its stream ends for another reason (a cut), so that the
+// dispatcher takes it from the ended stream, after the cut's error has
+// ended the session. The refusal was the answer: the retry goes on the
+// next stream, and a second refusal in a row ends the watch. Catches the
+// stream's end taken to mean the retry was never answered, which gave the
+// watch a third stream (and a server that always refuses and cuts, new
+// streams for ever).
+func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
+	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+	obs := etcdwatch.NewObserver()
+	var armed atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	gate := func(p etcdwatch.Hook) { // holds the dispatcher after the response handled once armed
+		if p == etcdwatch.HookResponse && armed.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+	}
+	server := ws.Start(t)
+	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithGate(obs, gate), etcdwatch.WithProgressRetry(time.Hour, time.Hour))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	h := &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
+
+	w := h.watch(etcdwatch.Key("a"), 3)
+	h.cut()
+	h.srv.RecvCreate(t) // a created again on the new stream
+	armed.Store(true)
+	h.srv.Send(t, ws.Progress(-1, 3)) // handled, then the dispatcher is held
+	<-held
+	received, exited := h.obs.Count(etcdwatch.HookReceived), h.obs.Count(etcdwatch.HookExited)
+	h.srv.Send(t, ws.CreateFailed(stale)) // the first refusal...
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookReceived) == received+1 })
+	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and the stream's end, before the dispatcher sees either
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookExited) == exited+1 })
+	close(release)
+	h.srv = h.server.Accept(t)
+	h.srv.RecvCreate(t)                   // the retry
+	h.srv.Send(t, ws.CreateFailed(stale)) // refused again: the second in a row
+	select {
+	case <-w.Done():
+		require.ErrorIs(t, w.Err(), etcdwatch.ErrUnauthenticated)
+	case next := <-h.server.Streams():
+		t.Fatalf("refused twice in a row for its token, the watch was tried on a third stream (create %d)", next.RecvCreate(t).WatchId)
+	case <-time.After(wait):
+		t.Fatal("neither the watch's end nor a new stream")
+	}
+}
+
 // logRecorder is a slog.Handler that keeps the messages it is given, each
 // after its level and followed by its attributes ("WARN etcdwatch: ...
 // err=...").

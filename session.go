@@ -148,6 +148,7 @@ func (s *session) exit(err error) {
 		s.err = err
 		s.cancel(err)
 		close(s.dead)
+		s.hooks.at(hookExited)
 	})
 }
 

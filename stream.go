@@ -276,8 +276,10 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []
 // past it. A watch created
 // during the call is not waited for, so that watches opened one after
 // another cannot hold the call up; it gets the bookmark if the server
-// answered after it existed (an answer computed before never bookmarks
-// it, since a watch from a past revision may still be catching up below).
+// answered after it existed. An answer computed before bookmarks it only
+// if its create on that gRPC stream asked from now (it then starts past
+// the answer), or it has every event up to the answer already: a watch
+// from a past revision may still be catching up below.
 //
 // It covers every watch, so it waits for the slowest: etcd 3.5.13 and later
 // answer only once every watch on a gRPC stream has caught up, and never
