@@ -311,13 +311,16 @@ func (r *runner[T]) refuse(err error) {
 // reached within progressWait is asked for again (ask), as Sync's reach
 // does: the watch, unread while the state loaded, may have been paused
 // meanwhile, and a paused watch is not covered by the answer, whose
-// bookmark then never comes.
+// bookmark then never comes. Every goal vouched for stays one: the first
+// reached ends the catch-up, so that asking again never moves the end
+// further off under steady writes.
 func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching, ask func()) (bool, error) {
 	var changes []Change[T]
-	var g *goal
-	var again clock.Stoppable // runs while the goal is not reached: its bookmark can be lost (a paused watch is not covered)
+	var goals []goal
+	var again clock.Stoppable // runs while no goal is reached: a goal's bookmark can be lost (a paused watch is not covered)
 	defer again.Stop()
-	for g == nil || !g.reached(r.rev, r.ed.Len()) {
+	var g *goal // the first goal reached
+	for g == nil {
 		select {
 		case <-again.C:
 			again.Stop()
@@ -332,12 +335,13 @@ func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching, ask func()) (b
 				r.w.Cancel()
 				return true, &readError{"reading how far to catch up", v.err}
 			}
-			g = &v.goal
+			goals = append(goals, v.goal)
 			again.Reset(clock.Real, progressWait)
 		case <-r.ctx.Done():
 			r.w.Cancel()
 			return true, context.Cause(r.ctx)
 		}
+		g = reachedOf(goals, r.rev, r.ed.Len())
 	}
 	if r.w.Err() != nil { // its end and the goal both came; select took the goal
 		return r.catchUpEnded(saved)
@@ -384,6 +388,17 @@ func (r *runner[T]) catchUpEnded(saved int64) (bool, error) {
 type goal struct {
 	rev   int64
 	fresh *freshness
+}
+
+// reachedOf returns the first of goals that a state at rev, with keys
+// keys, has reached; nil for none.
+func reachedOf(goals []goal, rev int64, keys int) *goal {
+	for i := range goals {
+		if goals[i].reached(rev, keys) {
+			return &goals[i]
+		}
+	}
+	return nil
 }
 
 func (g *goal) reached(rev int64, keys int) bool {
