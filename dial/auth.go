@@ -67,9 +67,12 @@ const (
 //
 // One caller at a time authenticates (whoever holds turn), with an
 // Authenticate that fails fast, so that the turn is held for one try and
-// not for an outage; the others wait for it, each within its own context.
-// token and failedAt are written by the holder of turn, under mu; known
-// too, and cleared by invalidate, under mu.
+// not for an outage; the others wait for it, each within its own context,
+// and take its failure as theirs (shared) rather than each trying in
+// turn: n calls waiting on a member without a leader would otherwise wait
+// n Authenticates, one after another. token, failedAt, tries and shared
+// are written by the holder of turn, under mu; known too, and cleared by
+// invalidate, under mu.
 type tokenAuth struct {
 	user, password string
 	turn           chan struct{}
@@ -77,8 +80,10 @@ type tokenAuth struct {
 	mu       sync.Mutex
 	token    string     // "" with known: the server has auth disabled
 	known    bool       // token may be used
-	failedAt time.Time  // when the last Authenticate failed
+	failedAt time.Time  // when the last Authenticate failed (not cut short by its caller)
 	refused  *authError // the server refused the user or password: final, every RPC gets it
+	tries    uint64     // Authenticate calls made so far
+	shared   error      // the last one's failure, for the callers that waited for it (nil: it succeeded, or its own caller's context ended)
 }
 
 // current returns the token if it may be used, or the final refusal of the
@@ -145,6 +150,9 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 	if tok, ok, err := a.current(); ok || err != nil {
 		return tok, err
 	}
+	a.mu.Lock()
+	tries := a.tries
+	a.mu.Unlock()
 	select {
 	case a.turn <- struct{}{}:
 	case <-ctx.Done():
@@ -155,6 +163,11 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 		return tok, err
 	}
 	a.mu.Lock()
+	if a.tries != tries && a.shared != nil { // an Authenticate made while this caller waited failed: its failure is this one's too
+		err := a.shared
+		a.mu.Unlock()
+		return "", err
+	}
 	wait := time.Until(a.failedAt.Add(authSpacing))
 	a.mu.Unlock()
 	if wait > 0 {
@@ -165,8 +178,12 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 	tok, err := a.authenticate(ctx, cc)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.tries++
+	a.shared = nil
 	if err != nil {
-		a.failedAt = time.Now()
+		if ctx.Err() == nil { // not cut short by its own caller: the server's answer, for everyone
+			a.shared, a.failedAt = err, time.Now()
+		}
 		var refused *authError
 		if errors.As(err, &refused) {
 			a.refused = refused

@@ -554,3 +554,90 @@ func TestAuthClientSideUnauthenticatedIsNotARefusal(t *testing.T) {
 	_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
 	require.NoError(t, err)
 }
+
+// leaderlessAuth is a member without a leader: every Authenticate fails
+// with "no leader" (Unavailable), the first only once the test releases it,
+// as a member holds a call while it waits for a leader.
+type leaderlessAuth struct {
+	pb.UnimplementedAuthServer
+	entered, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	asked            int
+}
+
+func (s *leaderlessAuth) Authenticate(ctx context.Context, _ *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	s.mu.Lock()
+	s.asked++
+	first := s.asked == 1
+	s.mu.Unlock()
+	if first {
+		close(s.entered)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+		}
+	}
+	return nil, rpctypes.ErrGRPCNoLeader
+}
+
+func (s *leaderlessAuth) calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.asked
+}
+
+// TestAuthConcurrentCallsShareAFailedAuthenticate: RPCs made while an
+// Authenticate is under way wait for it and share its outcome, failure
+// included: n fail-fast RPCs that all need a token while the member cannot
+// issue one cost one Authenticate, and all fail as soon as it does, as they
+// would without WithPassword. Catches: each waiting RPC making its own
+// Authenticate in turn, one after another, authSpacing (and a whole
+// Authenticate) apart, so that the last of n fails n Authenticates late.
+func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
+	s := &leaderlessAuth{entered: make(chan struct{}), release: make(chan struct{})}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, s)
+	serve(t, srv, lis)
+	var ranges atomic.Int64
+	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == pb.KV_Range_FullMethodName {
+			ranges.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+
+	const n = 10
+	res := make(chan error, n)
+	call := func() { // returns within ctx
+		_, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")})
+		res <- err
+	}
+	go call()
+	select {
+	case <-s.entered: // the first RPC's Authenticate is under way
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	for range n - 1 {
+		go call()
+	}
+	require.Eventually(t, func() bool { return ranges.Load() == n }, wait, time.Millisecond, "every RPC made")
+	close(s.release)
+	start := time.Now()
+	for range n {
+		err := <-res
+		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	}
+	t.Logf("%d concurrent RPCs: %d Authenticate calls; the last failed %v after the first Authenticate did", n, s.calls(), time.Since(start))
+	require.Equal(t, 1, s.calls(), "Authenticate calls for %d RPCs waiting together", n)
+}

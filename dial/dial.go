@@ -171,9 +171,12 @@ func parseEndpoint(ep string) (endpoint, error) {
 			return e, fmt.Errorf("%w: endpoint %q: etcd's gRPC endpoints have no path, query or fragment", etcdwatch.ErrInvalidArgument, e.raw)
 		}
 	}
-	_, port, err := net.SplitHostPort(e.host) // e.host holds no user info: refused above
+	host, port, err := net.SplitHostPort(e.host) // e.host holds no user info: refused above
 	if err != nil {
 		return e, fmt.Errorf("%w: endpoint %q needs host:port: %w", etcdwatch.ErrInvalidArgument, e.raw, err)
+	}
+	if host == "" || strings.ContainsAny(host, " \t\r\n/") {
+		return e, fmt.Errorf("%w: endpoint %q has no valid host", etcdwatch.ErrInvalidArgument, e.raw)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return e, fmt.Errorf("%w: endpoint %q has no valid port", etcdwatch.ErrInvalidArgument, e.raw)

@@ -344,3 +344,17 @@ func newTestCerts(t *testing.T, hosts ...string) testCerts {
 	require.NoError(t, os.WriteFile(c.keyFile+".txt", []byte("not PEM"), 0o600))
 	return c
 }
+
+// TestEndpointsNeedAHost: an endpoint whose host is empty, or has
+// surrounding blanks (as a comma-separated flag "a:2379, b:2379" split on
+// commas gives), is refused at New as "http://" is, rather than dialed as
+// the local machine or looked up as a name with a blank in it.
+func TestEndpointsNeedAHost(t *testing.T) {
+	for _, ep := range []string{":2379", "http://:2379", "https://:2379", "[]:2379", " 127.0.0.1:2379", "127.0.0.1:2379 ", "//127.0.0.1:2379"} {
+		conn, err := dial.New([]string{ep}, dial.WithTLS(nil))
+		if err == nil {
+			require.NoError(t, conn.Close())
+		}
+		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, "endpoint %q", ep)
+	}
+}

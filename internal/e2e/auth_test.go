@@ -329,3 +329,58 @@ func makeCerts(t *testing.T, hosts ...string) certFiles {
 	require.NoError(t, os.WriteFile(c.keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600))
 	return c
 }
+
+// TestAuthOnALeaderlessMemberSharedByConcurrentCalls: on a member cut off
+// from its peers (no leader), Authenticate waits until it gives up. n
+// fail-fast RPCs made together on a new connection with WithPassword wait
+// for one Authenticate and fail with it, as they would without a password
+// (each waiting for the member in parallel). Catches: each RPC making its
+// own Authenticate in turn, the last failing n Authenticates (n times 5 s)
+// late, with n Authenticates sent to the member.
+func TestAuthOnALeaderlessMemberSharedByConcurrentCalls(t *testing.T) {
+	leakCheck(t)
+	sc := startSecure(t, 3)
+	var victim *etcdwatchtest.Server
+	for _, m := range sc.members {
+		if !m.IsLeader() {
+			victim = m
+			break
+		}
+	}
+	victim.Isolate()
+	t.Cleanup(victim.Rejoin)
+	require.Eventually(t, func() bool { return !victim.HasLeader() }, wait, time.Millisecond, "the isolated member kept its leader")
+
+	var asked atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == pb.Auth_Authenticate_FullMethodName {
+			asked.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	_, port, _ := net.SplitHostPort(victim.Endpoint)
+	conn, err := dial.New([]string{"https://localhost:" + port}, dial.WithTLS(&tls.Config{RootCAs: sc.roots}),
+		dial.WithPassword("watcher", "pw"), dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(count)))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	kv := pb.NewKVClient(conn)
+
+	const n = 3
+	c, cancel := context.WithTimeout(ctx(t), wait)
+	defer cancel()
+	start := time.Now()
+	took := make(chan time.Duration, n)
+	for range n {
+		go func() { // returns within c
+			_, err := kv.Range(c, &pb.RangeRequest{Key: []byte("secure/a")})
+			t.Logf("Range after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			took <- time.Since(start)
+		}()
+	}
+	var last time.Duration
+	for range n {
+		last = max(last, <-took)
+	}
+	t.Logf("%d concurrent RPCs on a leaderless member: %d Authenticate calls, the last RPC returned after %v", n, asked.Load(), last.Round(time.Millisecond))
+	require.EqualValues(t, 1, asked.Load(), "Authenticate calls for %d RPCs made together", n)
+}
