@@ -28,8 +28,8 @@ func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 // connect flushes them under the next stream's policy (after a proxy's
 // stream, one at a time), not the last one's.
 func (d *dispatcher) flushCreates() {
-	if d.sess == nil {
-		return
+	if d.sess == nil || d.sess.ended() {
+		return // no stream, or one that has ended: they would never go out there (see forgetAuthRetries)
 	}
 	if d.toCreate.Len() > 0 {
 		d.stallShared() // their answers wait behind a stall

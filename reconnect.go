@@ -60,6 +60,8 @@ func (d *dispatcher) handleSessionEnd() {
 	d.sess.close()
 	unsent := d.sess.unsent()
 	d.sess = nil
+	staleHere := d.staleHere
+	d.staleHere = nil
 	d.discard = false
 	d.live.Stop()
 	now := d.clock.Now()
@@ -89,26 +91,25 @@ func (d *dispatcher) handleSessionEnd() {
 	d.s.stats.reconnects.Add(1)
 	d.logStreamEnd(err, end, delay)
 	if !errors.Is(err, errStaleCredentials) && !errors.Is(err, errUnmatched) {
-		d.forgetAuthRetries()
+		d.forgetAuthRetries(staleHere)
 	}
-	d.staleHere = nil
 	d.requeueAll()
 	d.retry.Reset(d.clock, delay)
 }
 
 // forgetAuthRetries clears authRetried on the watches whose retry, after a
-// refusal for a stale token, got no answer: the stream that was to carry
-// it ended for another reason first, so the next refusal is the first the
-// retry meets, and earns another new stream rather than the watch's end.
-// A stream ended for a refusal keeps them: for the stale token itself
+// refusal for a stale token, was sent on the stream that has just ended,
+// and got no answer there: the next refusal is the first the retry meets,
+// and earns another new stream rather than the watch's end. Not for one
+// the stream refused (staleHere: that refusal was its answer), nor for
+// one still waiting in toCreate (its next answer is its retry's). A
+// stream ended for a refusal keeps them all: for the stale token itself
 // (errStaleCredentials), or for one it could not match to a create
 // (errUnmatched), which may have been the retry's answer.
-func (d *dispatcher) forgetAuthRetries() {
-	for _, q := range []*ring.Ring[*Watch]{&d.pending, &d.toCreate} {
-		for w := range q.All() {
-			if _, refused := d.staleHere[w]; !refused { // refused on this stream: that refusal was its answer
-				w.entry.set(authRetried, false)
-			}
+func (d *dispatcher) forgetAuthRetries(staleHere map[*Watch]struct{}) {
+	for w := range d.pending.All() {
+		if _, refused := staleHere[w]; !refused {
+			w.entry.set(authRetried, false)
 		}
 	}
 }

@@ -314,6 +314,80 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 	}
 }
 
+// TestStaleTokenRefusedWithACutEveryTimeEnds: a server that refuses every
+// create for a stale token and cuts the stream as it does, with two
+// watches created one at a time. Each must end with ErrUnauthenticated
+// after one retry; the cut's forgetAuthRetries must not clear the spent
+// retry of the watch that waits in toCreate while the other is refused.
+func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
+	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+	obs := etcdwatch.NewObserver()
+	var mu sync.Mutex
+	var held, release chan struct{}
+	gate := func(p etcdwatch.Hook) { // holds the dispatcher after the response handled once armed
+		if p != etcdwatch.HookResponse {
+			return
+		}
+		mu.Lock()
+		h, r := held, release
+		held, release = nil, nil
+		mu.Unlock()
+		if h != nil {
+			close(h)
+			<-r
+		}
+	}
+	server := ws.Start(t)
+	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithGate(obs, gate),
+		etcdwatch.WithProgressRetry(time.Hour, time.Hour), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	h := &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
+
+	ctx := context.Background()
+	resA := h.watchAsync(ctx, etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	resB := h.watchAsync(ctx, etcdwatch.Key("b"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.CreateFailed(stale)) // two in flight, unproven: unmatched; the next streams create one at a time
+
+	ended := 0
+	for streams := 1; ended < 2; {
+		select {
+		case r := <-resA:
+			require.ErrorIs(t, r.err, etcdwatch.ErrUnauthenticated)
+			ended++
+			resA = nil
+			continue
+		case r := <-resB:
+			require.ErrorIs(t, r.err, etcdwatch.ErrUnauthenticated)
+			ended++
+			resB = nil
+			continue
+		case h.srv = <-server.Streams():
+		case <-time.After(wait):
+			t.Fatal("neither a watch's end nor a new stream")
+		}
+		streams++
+		if streams > 12 {
+			t.Fatalf("after %d streams, each refusing for a stale token and cut, %d of 2 watches ended", streams-1, ended)
+		}
+		h.srv.RecvCreate(t)
+		mu.Lock()
+		held, release = make(chan struct{}), make(chan struct{})
+		hd, rl := held, release
+		mu.Unlock()
+		h.srv.Send(t, ws.Progress(-1, 3)) // handled, then the dispatcher is held
+		<-hd
+		received, exited := obs.Count(etcdwatch.HookReceived), obs.Count(etcdwatch.HookExited)
+		h.srv.Send(t, ws.CreateFailed(stale)) // a refusal...
+		h.await(func() bool { return obs.Count(etcdwatch.HookReceived) == received+1 })
+		h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and a cut, together
+		h.await(func() bool { return obs.Count(etcdwatch.HookExited) == exited+1 })
+		close(rl)
+	}
+}
+
 // logRecorder is a slog.Handler that keeps the messages it is given, each
 // after its level and followed by its attributes ("WARN etcdwatch: ...
 // err=...").
