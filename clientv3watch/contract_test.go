@@ -544,6 +544,18 @@ var contractCases = []contractCase{
 		requireGRPCError(t, codes.Canceled, cli.RequestProgress(e.ctx))
 		require.ErrorIs(t, cli.Close(), context.Canceled, "what Close says once the connection was closed under it")
 	}},
+	{name: "connection closed under an unread watch: RequestProgress fails with gRPC's Canceled", run: func(t *testing.T, e *env) {
+		cli := e.client(t, func(*clientv3.Config) {})
+		cli.Watch(e.ctx, e.key("k")) // never read: its end cannot be handed over
+		for i := range 3 {
+			e.put(t, "k", fmt.Sprint(i))
+		}
+		require.NoError(t, cli.ActiveConnection().Close())
+		var err error
+		require.Eventually(t, func() bool { err = cli.RequestProgress(e.ctx); return err != nil }, wait, time.Millisecond,
+			"RequestProgress said nil on a closed connection")
+		requireGRPCError(t, codes.Canceled, err)
+	}},
 	{name: "options as clientv3.OpWatch takes them: WithPrefix then WithFromKey, the last wins; WithLease panics", run: func(t *testing.T, e *env) {
 		var ch clientv3.WatchChan
 		require.NotPanics(t, func() {
@@ -587,6 +599,12 @@ var contractCases = []contractCase{
 		ctx, cancel := context.WithCancel(e.ctx)
 		cancel()
 		closed(t, e.cli.Watch(ctx, e.key("k")))
+	}},
+	{name: "ctx already ended, a request etcd refuses: closed channel, no response", run: func(t *testing.T, e *env) {
+		ctx, cancel := context.WithCancel(e.ctx)
+		cancel()
+		closed(t, e.cli.Watch(ctx, e.key("b"), clientv3.WithRange(e.key("a"))))
+		closed(t, e.cli.Watch(ctx, e.key("k"), clientv3.WithRev(-1)))
 	}},
 	{name: "ctx ended while responses are unread: channel closes", run: func(t *testing.T, e *env) {
 		ctx, cancel := context.WithCancel(e.ctx)

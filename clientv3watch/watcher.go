@@ -114,6 +114,9 @@ var errWatcherClosed = fmt.Errorf("clientv3watch: %w", etcdwatch.ErrClosed)
 // the watch (or refused it, or ctx ended), as clientv3 does.
 func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
 	spec := specOf(key, opts) // panics where clientv3 does: a lease, limit, sort or filter of Get
+	if ctx.Err() != nil {
+		return finished() // as clientv3's: a closed channel, whatever the request
+	}
 	if spec.refusal != "" {
 		return finished(canceled(spec.refusal))
 	}
@@ -223,8 +226,8 @@ func (w *watcher) RequestProgress(ctx context.Context) error {
 	}
 	g := w.byKey[key]
 	switch {
-	case g == nil && w.connClosed():
-		return errConnClosing // as clientv3's, whose new stream fails so
+	case w.connClosed():
+		return errConnClosing // as clientv3's, whose stream has failed so, or whose new stream fails so
 	case g == nil:
 		return nil // no watches: etcd would answer nothing
 	case g.progressRunning:
