@@ -28,8 +28,8 @@ func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 // connect flushes them under the next stream's policy (after a proxy's
 // stream, one at a time), not the last one's.
 func (d *dispatcher) flushCreates() {
-	if d.sess == nil || d.sess.ended() {
-		return // no stream, or one that has ended: they would never go out there (see forgetAuthRetries)
+	if d.sess == nil {
+		return
 	}
 	if d.toCreate.Len() > 0 {
 		d.stallShared() // their answers wait behind a stall
@@ -191,10 +191,6 @@ func (d *dispatcher) handleRefused(w *Watch, err *ServerError) {
 		d.forget(w)
 	case errors.Is(err, ErrUnauthenticated) && !e.is(authRetried):
 		e.set(authRetried, true)
-		if d.staleHere == nil {
-			d.staleHere = make(map[*Watch]struct{})
-		}
-		d.staleHere[w] = struct{}{}
 		d.log.Info("etcdwatch: create refused for its credentials; trying a new stream", "reason", err.Reason)
 		unconfirmedAgain(w)
 		d.toCreate.Push(w)

@@ -40,7 +40,6 @@ type dispatcher struct {
 	nextID     int64                         // last client-chosen id; ids are never reused on a stream
 	pipeline   pipeline                      // how many creates may be in flight
 	unsent     bool                          // a watch was abandoned since the last dropUnsent
-	staleHere  map[*Watch]struct{}           // watches refused for a stale token on sess: their retry is due, not unanswered (forgetAuthRetries)
 	maxRev     int64                         // highest header revision seen, for RequestProgress freshness
 	outbox     []wireRequest                 // requests waiting for the session's sendLoop
 	frags      map[*Watch][]Event            // events of fragmented responses awaiting their last piece

@@ -60,8 +60,6 @@ func (d *dispatcher) handleSessionEnd() {
 	d.sess.close()
 	unsent := d.sess.unsent()
 	d.sess = nil
-	staleHere := d.staleHere
-	d.staleHere = nil
 	d.discard = false
 	d.live.Stop()
 	now := d.clock.Now()
@@ -90,28 +88,8 @@ func (d *dispatcher) handleSessionEnd() {
 	delay := d.backoff.next(now, end)
 	d.s.stats.reconnects.Add(1)
 	d.logStreamEnd(err, end, delay)
-	if !errors.Is(err, errStaleCredentials) && !errors.Is(err, errUnmatched) {
-		d.forgetAuthRetries(staleHere)
-	}
 	d.requeueAll()
 	d.retry.Reset(d.clock, delay)
-}
-
-// forgetAuthRetries clears authRetried on the watches whose retry, after a
-// refusal for a stale token, was sent on the stream that has just ended,
-// and got no answer there: the next refusal is the first the retry meets,
-// and earns another new stream rather than the watch's end. Not for one
-// the stream refused (staleHere: that refusal was its answer), nor for
-// one still waiting in toCreate (its next answer is its retry's). A
-// stream ended for a refusal keeps them all: for the stale token itself
-// (errStaleCredentials), or for one it could not match to a create
-// (errUnmatched), which may have been the retry's answer.
-func (d *dispatcher) forgetAuthRetries(staleHere map[*Watch]struct{}) {
-	for w := range d.pending.All() {
-		if _, refused := staleHere[w]; !refused {
-			w.entry.set(authRetried, false)
-		}
-	}
 }
 
 // retryable reports whether a new stream may succeed where this one ended

@@ -152,17 +152,6 @@ func (s *session) exit(err error) {
 	})
 }
 
-// ended reports whether the session has ended (exit), though the
-// dispatcher may not have handled its end yet.
-func (s *session) ended() bool {
-	select {
-	case <-s.dead:
-		return true
-	default:
-		return false
-	}
-}
-
 // isOpen reports whether the session's stream has opened: until then it
 // waits for a connection, whose failures the opener reports.
 func (s *session) isOpen() bool {

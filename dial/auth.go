@@ -181,8 +181,11 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 	a.tries++
 	a.shared = nil
 	if err != nil {
-		if ctx.Err() == nil { // not cut short by its own caller: the server's answer, for everyone
-			a.shared, a.failedAt = err, time.Now()
+		if ctx.Err() == nil { // not cut short by its own caller
+			a.failedAt = time.Now()
+			if passing(err) { // the member's or the connection's state, not this call's own failure (its per-RPC credentials, say): for everyone
+				a.shared = err
+			}
 		}
 		var refused *authError
 		if errors.As(err, &refused) {

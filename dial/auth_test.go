@@ -561,7 +561,6 @@ func TestAuthClientSideUnauthenticatedIsNotARefusal(t *testing.T) {
 type leaderlessAuth struct {
 	pb.UnimplementedAuthServer
 	entered, release chan struct{}
-	once             sync.Once
 	mu               sync.Mutex
 	asked            int
 }
@@ -640,4 +639,68 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 	}
 	t.Logf("%d concurrent RPCs: %d Authenticate calls; the last failed %v after the first Authenticate did", n, s.calls(), time.Since(start))
 	require.Equal(t, 1, s.calls(), "Authenticate calls for %d RPCs waiting together", n)
+}
+
+// heldFailingOnce is per-RPC credentials whose first call, the first
+// Authenticate's, fails once the test releases it, as a token source of
+// the application's own might once; every later call succeeds.
+// heldFailingOnce is per-RPC credentials that fail once, on the client,
+// after the test lets them: another call's failure, not the server's.
+type heldFailingOnce struct {
+	calls            atomic.Int64
+	entered, release chan struct{}
+}
+
+func (c *heldFailingOnce) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	if c.calls.Add(1) == 1 {
+		close(c.entered)
+		<-c.release
+		return nil, errors.New("token source unavailable (scripted)")
+	}
+	return nil, nil
+}
+
+func (c *heldFailingOnce) RequireTransportSecurity() bool { return false }
+
+// TestAuthClientSideFailureIsNotShared: an Authenticate that fails with
+// an Unauthenticated gRPC made itself (the application's own per-RPC
+// credentials failed for that call) fails that RPC only, as
+// TestAuthClientSideUnauthenticatedIsNotARefusal has it; an RPC that
+// waited for it meanwhile authenticates on its own, and succeeds. Taken
+// as the server's answer (shared), it fails too: on a Stream, a Watch
+// stream that waited for its release probe's Authenticate would end every
+// watch for good (Unauthenticated is final there).
+// TestAuthClientSideFailureIsNotShared: an Authenticate that failed on the
+// client (its own per-RPC credentials) is not handed to the calls that
+// waited for it: the next makes its own, which succeeds.
+func TestAuthClientSideFailureIsNotShared(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	creds := &heldFailingOnce{entered: make(chan struct{}), release: make(chan struct{})}
+	var ranges atomic.Int64
+	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == pb.KV_Range_FullMethodName {
+			ranges.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithPerRPCCredentials(creds), grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")}); first <- err }()
+	select {
+	case <-creds.entered: // the first RPC's Authenticate is under way
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	go func() { _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("b")}); second <- err }()
+	require.Eventually(t, func() bool { return ranges.Load() == 2 }, wait, time.Millisecond, "the second RPC made")
+	close(creds.release)
+	require.Equal(t, codes.Unauthenticated, status.Code(<-first), "the RPC whose credentials failed")
+	require.NoError(t, <-second, "the RPC that waited for it: a client-side failure of another call is not the server's answer")
 }
