@@ -312,8 +312,8 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 // TestStaleTokenRefusedWithACutEveryTimeEnds: a server that refuses every
 // create for a stale token and cuts the stream as it does, with two
 // watches created one at a time. Each must end with ErrUnauthenticated
-// after one retry; the cut's forgetAuthRetries must not clear the spent
-// retry of the watch that waits in toCreate while the other is refused.
+// after one retry: a cut must not give back the spent retry of the watch
+// that waits in toCreate while the other is refused.
 func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
 	obs := etcdwatch.NewObserver()

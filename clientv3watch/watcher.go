@@ -212,8 +212,9 @@ func (w *watcher) isClosed() bool {
 // RequestProgress implements clientv3.Watcher. Like clientv3's, it returns
 // once the request is on its way, and each watch on the stream of ctx's
 // metadata then gets a progress notification. Unlike clientv3's, the
-// request is repeated until the server answers: etcd 3.6 and later ignore
-// it while a watch on the stream is catching up.
+// request is repeated until the server answers: etcd 3.4.31+, 3.5.13+ and
+// 3.6+ ignore it while a watch on the stream is catching up. Once the
+// connection is closed it fails with gRPC's Canceled, as clientv3's does.
 func (w *watcher) RequestProgress(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err

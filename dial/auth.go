@@ -68,8 +68,8 @@ const (
 // One caller at a time authenticates (whoever holds turn), with an
 // Authenticate that fails fast, so that the turn is held for one try and
 // not for an outage; the others wait for it, each within its own context,
-// and take its failure as theirs (shared) rather than each trying in
-// turn: n calls waiting on a member without a leader would otherwise wait
+// and take its failure as theirs (shared) when it says the member's or the
+// connection's state (passing), rather than each trying in turn: n calls waiting on a member without a leader would otherwise wait
 // n Authenticates, one after another. token, failedAt, tries and shared
 // are written by the holder of turn, under mu; known too, and cleared by
 // invalidate, under mu.
@@ -83,7 +83,7 @@ type tokenAuth struct {
 	failedAt time.Time  // when the last Authenticate failed (not cut short by its caller)
 	refused  *authError // the server refused the user or password: final, every RPC gets it
 	tries    uint64     // Authenticate calls made so far
-	shared   error      // the last one's failure, for the callers that waited for it (nil: it succeeded, or its own caller's context ended)
+	shared   error      // the last one's failure, for the callers that waited for it (nil: it succeeded, its own caller's context ended, or it failed for a reason of its own call, not passing)
 }
 
 // current returns the token if it may be used, or the final refusal of the

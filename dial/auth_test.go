@@ -644,8 +644,6 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 // heldFailingOnce is per-RPC credentials whose first call, the first
 // Authenticate's, fails once the test releases it, as a token source of
 // the application's own might once; every later call succeeds.
-// heldFailingOnce is per-RPC credentials that fail once, on the client,
-// after the test lets them: another call's failure, not the server's.
 type heldFailingOnce struct {
 	calls            atomic.Int64
 	entered, release chan struct{}
@@ -670,9 +668,6 @@ func (c *heldFailingOnce) RequireTransportSecurity() bool { return false }
 // as the server's answer (shared), it fails too: on a Stream, a Watch
 // stream that waited for its release probe's Authenticate would end every
 // watch for good (Unauthenticated is final there).
-// TestAuthClientSideFailureIsNotShared: an Authenticate that failed on the
-// client (its own per-RPC credentials) is not handed to the calls that
-// waited for it: the next makes its own, which succeeds.
 func TestAuthClientSideFailureIsNotShared(t *testing.T) {
 	a := startAuthServer(t, "pw")
 	creds := &heldFailingOnce{entered: make(chan struct{}), release: make(chan struct{})}

@@ -20,7 +20,8 @@ import (
 
 // New returns a connection over the etcd members at endpoints (see the
 // package documentation for what it turns on). Endpoints are "host:port",
-// optionally with an http:// or https:// scheme; the port is required, and
+// optionally with an http:// or https:// scheme; the host (with no blank or
+// slash) and the port are required, and
 // an endpoint with user info (use WithPassword), a path other than "/", a
 // query or a fragment is refused rather than used in part. Errors name an
 // endpoint without its password. Each member's TLS certificate is verified

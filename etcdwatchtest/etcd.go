@@ -268,9 +268,9 @@ func (s *Server) HasLeader() bool {
 // steps down, and the rest elect another. The others keep serving if they
 // are a quorum. Isolating an isolated member does nothing more.
 //
-// Isolation lasts until Rejoin, or until the member or a peer restarts: a
-// restarted member drops nothing itself, though its peers still drop what
-// they would send it, so call Rejoin after such a restart.
+// Isolation lasts until Rejoin. A restart undoes it only in part: the
+// restarted member drops nothing itself, while the others still drop what
+// they would send it; call Rejoin after a restart.
 func (s *Server) Isolate() { s.partition(true) }
 
 // Rejoin undoes Isolate: the member and its running peers send each other
