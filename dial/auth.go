@@ -69,9 +69,10 @@ const (
 // Authenticate that fails fast, so that the turn is held for one try and
 // not for an outage; the others wait for it, each within its own context,
 // and take its failure as theirs (shared) when it says the member's or the
-// connection's state (passing), rather than each trying in turn: n calls waiting on a member without a leader would otherwise wait
-// n Authenticates, one after another. token, failedAt, tries and shared
-// are written by the holder of turn, under mu; known too, and cleared by
+// connection's state (passing), rather than each trying in turn: n calls
+// waiting on a member without a leader would otherwise wait n
+// Authenticates, one after another. token, failedAt, tries and shared are
+// written by the holder of turn, under mu; known too, and cleared by
 // invalidate, under mu.
 type tokenAuth struct {
 	user, password string

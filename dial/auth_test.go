@@ -505,13 +505,7 @@ func TestAuthKeepsTheTokenOnAnEmptyUserName(t *testing.T) {
 // every 100 ms, until the RPC's context ends.
 func TestAuthWaitForReadyEndsWithTheConnection(t *testing.T) {
 	a := startAuthServer(t, "pw")
-	var asked atomic.Int64
-	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == pb.Auth_Authenticate_FullMethodName {
-			asked.Add(1)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	asked, spy := counting(pb.Auth_Authenticate_FullMethodName)
 	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
 		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
 	require.NoError(t, err)
@@ -600,13 +594,7 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 	srv := grpc.NewServer()
 	pb.RegisterAuthServer(srv, s)
 	serve(t, srv, lis)
-	var ranges atomic.Int64
-	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == pb.KV_Range_FullMethodName {
-			ranges.Add(1)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	ranges, spy := counting(pb.KV_Range_FullMethodName)
 	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
 		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
 	require.NoError(t, err)
@@ -671,13 +659,7 @@ func (c *heldFailingOnce) RequireTransportSecurity() bool { return false }
 func TestAuthClientSideFailureIsNotShared(t *testing.T) {
 	a := startAuthServer(t, "pw")
 	creds := &heldFailingOnce{entered: make(chan struct{}), release: make(chan struct{})}
-	var ranges atomic.Int64
-	spy := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == pb.KV_Range_FullMethodName {
-			ranges.Add(1)
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	ranges, spy := counting(pb.KV_Range_FullMethodName)
 	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
 		dial.WithGRPCOptions(grpc.WithPerRPCCredentials(creds), grpc.WithChainUnaryInterceptor(spy)))
 	require.NoError(t, err)
@@ -698,4 +680,16 @@ func TestAuthClientSideFailureIsNotShared(t *testing.T) {
 	close(creds.release)
 	require.Equal(t, codes.Unauthenticated, status.Code(<-first), "the RPC whose credentials failed")
 	require.NoError(t, <-second, "the RPC that waited for it: a client-side failure of another call is not the server's answer")
+}
+
+// counting returns an interceptor that counts the calls of method, and
+// the count.
+func counting(method string) (*atomic.Int64, grpc.UnaryClientInterceptor) {
+	var n atomic.Int64
+	return &n, func(ctx context.Context, m string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if m == method {
+			n.Add(1)
+		}
+		return invoker(ctx, m, req, reply, cc, opts...)
+	}
 }

@@ -6,12 +6,30 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/etcdwatch/etcdwatch"
 	"github.com/etcdwatch/etcdwatch/dial"
 	"github.com/etcdwatch/etcdwatch/etcdwatchtest"
 	"github.com/etcdwatch/etcdwatch/group"
 )
+
+// clusterOf returns the members' endpoints, a client on them all, and
+// each endpoint's member id.
+func clusterOf(t *testing.T, members []*etcdwatchtest.Server) (endpoints []string, setup *clientv3.Client, ids map[string]uint64) {
+	t.Helper()
+	for _, m := range members {
+		endpoints = append(endpoints, m.Endpoint)
+	}
+	setup = clientFor(t, endpoints...)
+	ids = map[string]uint64{}
+	for _, ep := range endpoints {
+		st, err := setup.Status(ctx(t), ep)
+		require.NoError(t, err)
+		ids[ep] = st.Header.MemberId
+	}
+	return endpoints, setup, ids
+}
 
 // lastMember returns the member that sent the last response the watch
 // delivered.
@@ -91,17 +109,7 @@ func (wg *watchedGroup) bookmarked(t *testing.T, ids map[string]uint64) {
 func TestGroupMemberFailure(t *testing.T) {
 	leakCheck(t)
 	members := etcdwatchtest.StartCluster(t, 3)
-	var endpoints []string
-	for _, m := range members {
-		endpoints = append(endpoints, m.Endpoint)
-	}
-	setup := clientFor(t, endpoints...)
-	ids := map[string]uint64{} // endpoint -> member id
-	for _, ep := range endpoints {
-		st, err := setup.Status(ctx(t), ep)
-		require.NoError(t, err)
-		ids[ep] = st.Header.MemberId
-	}
+	endpoints, setup, ids := clusterOf(t, members)
 	start := currentRevision(t, setup) + 1
 	prefix := unique("group")
 
@@ -233,17 +241,7 @@ func TestGroupMemberFailure(t *testing.T) {
 func TestGroupLeaderlessMember(t *testing.T) {
 	leakCheck(t)
 	members := etcdwatchtest.StartCluster(t, 3)
-	var endpoints []string
-	for _, m := range members {
-		endpoints = append(endpoints, m.Endpoint)
-	}
-	setup := clientFor(t, endpoints...)
-	ids := map[string]uint64{} // endpoint -> member id
-	for _, ep := range endpoints {
-		st, err := setup.Status(ctx(t), ep)
-		require.NoError(t, err)
-		ids[ep] = st.Header.MemberId
-	}
+	endpoints, setup, ids := clusterOf(t, members)
 	victim := slices.IndexFunc(members, func(m *etcdwatchtest.Server) bool { return !m.IsLeader() })
 	var survivors []string
 	for i, ep := range endpoints {
