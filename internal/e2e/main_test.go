@@ -59,20 +59,37 @@ func run(m *testing.M) int {
 }
 
 // leakCheck makes the test fail if a goroutine of the client (or of this
-// module's test tools) outlives the test. The shared etcd keeps goroutines
-// of its own coming and going, so the check looks at our packages' stacks
-// only; goleak checks the whole process once the package is done. Call it
-// first, so that it runs after every other cleanup.
+// module's test tools) started during the test outlives it. The shared etcd
+// keeps goroutines of its own coming and going, so the check looks at our
+// packages' stacks only; goleak checks the whole process once the package
+// is done. Goroutines already there when the test began are another test's
+// leak, reported by that test, so one leak fails one test. Call it first,
+// so that it runs after every other cleanup.
 func leakCheck(t *testing.T) {
-	t.Cleanup(func() {
+	before := make(map[string]bool)
+	for _, g := range ourGoroutines() {
+		before[goroutineID(g)] = true
+	}
+	since := func() []string {
 		var leaked []string
-		if !assert.Eventually(t, func() bool {
-			leaked = ourGoroutines()
-			return len(leaked) == 0
-		}, wait, 10*time.Millisecond) {
-			t.Errorf("goroutines left behind:\n%s", strings.Join(leaked, "\n\n"))
+		for _, g := range ourGoroutines() {
+			if !before[goroutineID(g)] {
+				leaked = append(leaked, g)
+			}
+		}
+		return leaked
+	}
+	t.Cleanup(func() {
+		if !assert.Eventually(t, func() bool { return len(since()) == 0 }, wait, 10*time.Millisecond) {
+			t.Errorf("goroutines left behind:\n%s", strings.Join(since(), "\n\n"))
 		}
 	})
+}
+
+// goroutineID returns the id in a stack's first line, "goroutine 7 [...]:".
+func goroutineID(stack string) string {
+	id, _, _ := strings.Cut(strings.TrimPrefix(stack, "goroutine "), " ")
+	return id
 }
 
 // ourGoroutines returns the stacks of other goroutines running code of this

@@ -913,16 +913,15 @@ func TestShareFromADecoderWhileClosing(t *testing.T) {
 	v, err := view.New(ctx(t), open(t), etcdwatch.Prefix(prefix), decode)
 	require.NoError(t, err)
 	vp.Store(v)
+	sub := v.Subscribe(ctx(t), 0)
 	put(t, kv, prefix+"k", "share")
 	<-entered
 	closed := make(chan struct{})
 	go func() { v.Close(); close(closed) }() // waits for the Decoder
-	// Close is under way once a Share made now is ended.
-	require.Eventually(t, func() bool {
-		c := v.Share()
-		defer c.Close()
-		return c.Err() != nil
-	}, wait, time.Millisecond)
+	// Close is under way once it has ended v's subscriptions. (Not a Share
+	// made to find out: one made before Close began would hold the state,
+	// and its own Close, as the last, would wait for the held Decoder.)
+	require.Eventually(t, func() bool { return errors.Is(sub.Err(), view.ErrClosed) }, wait, time.Millisecond)
 	close(release)
 	select {
 	case <-closed:
