@@ -38,7 +38,11 @@ var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
 // Authenticate made for it is tried again, each time the connection is
 // ready, until it succeeds, is refused, or the RPC's context ends. A
 // service config's waitForReady is not seen: such an RPC fails fast while
-// no token can be had.
+// no token can be had. An RPC that fails for want of a token says so
+// ("etcdwatch: cannot authenticate as user ...: etcdserver: no leader"),
+// with the code Authenticate failed with, as the RPC would have failed
+// without a password: Unavailable when the member gave no answer within
+// 5 s, as one without a leader may.
 //
 // A wrong user name or password is final: the RPC (for a Stream, its
 // first Watch stream, so every watch of the Stream) fails with an error
@@ -203,14 +207,16 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 // other errors (no connection, no leader) are returned as they are, for
 // the caller to try again.
 func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, authTimeout)
+	actx, cancel := context.WithTimeout(ctx, authTimeout)
 	defer cancel()
-	resp, err := pb.NewAuthClient(cc).Authenticate(ctx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(false))
+	resp, err := pb.NewAuthClient(cc).Authenticate(actx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(false))
 	switch {
 	case err == nil:
 		return resp.Token, nil
 	case errors.Is(rpctypes.Error(err), rpctypes.ErrAuthNotEnabled):
 		return "", nil
+	case ctx.Err() != nil: // the caller's own context ended: its RPC's own error
+		return "", status.FromContextError(ctx.Err()).Err()
 	}
 	// Only a wrong user or password is a refusal (etcd's ErrAuthFailed,
 	// InvalidArgument). FailedPrecondition is what a learner, or a member
@@ -222,7 +228,7 @@ func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (stri
 	if rpcerr.Final(err) && status.Code(err) != codes.Unauthenticated {
 		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
 	}
-	return "", err
+	return "", unauthenticated(a.user, err)
 }
 
 // invalidate drops tok, if it is still the current token, after the
@@ -341,3 +347,36 @@ func (e *authError) Unwrap() []error { return []error{ErrAuthFailed, etcdwatch.E
 
 // GRPCStatus gives the error's gRPC code, for status.Code and the Stream.
 func (e *authError) GRPCStatus() *status.Status { return status.New(codes.Unauthenticated, e.Error()) }
+
+// authUnavailable is an Authenticate that failed but for a refusal: the RPC
+// that needed the token fails with it, and says so. It has the failure's
+// gRPC code (Unavailable for no leader or no connection, say), so that
+// the RPC fails as it would have without a password; but Unavailable when
+// authTimeout ran out, the RPC's own context not ended (a member without a
+// leader keeps Authenticate waiting): that RPC exceeded no deadline of its
+// own. It unwraps to the failure.
+type authUnavailable struct {
+	user   string
+	code   codes.Code
+	reason string
+	err    error
+}
+
+// unauthenticated returns err, the failure of user's Authenticate, as an
+// *authUnavailable.
+func unauthenticated(user string, err error) *authUnavailable {
+	e := &authUnavailable{user: user, code: status.Code(err), reason: status.Convert(err).Message(), err: err}
+	if e.code == codes.DeadlineExceeded {
+		e.code, e.reason = codes.Unavailable, "no answer within "+authTimeout.String()
+	}
+	return e
+}
+
+func (e *authUnavailable) Error() string {
+	return "etcdwatch: cannot authenticate as user " + e.user + ": " + e.reason
+}
+
+func (e *authUnavailable) Unwrap() error { return e.err }
+
+// GRPCStatus gives the error's gRPC code, for status.Code and the Stream.
+func (e *authUnavailable) GRPCStatus() *status.Status { return status.New(e.code, e.Error()) }

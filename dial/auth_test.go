@@ -624,6 +624,7 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 	for range n {
 		err := <-res
 		require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+		require.Equal(t, "etcdwatch: cannot authenticate as user alice: etcdserver: no leader", status.Convert(err).Message(), "the RPC's error says it had no token, and why")
 	}
 	t.Logf("%d concurrent RPCs: %d Authenticate calls; the last failed %v after the first Authenticate did", n, s.calls(), time.Since(start))
 	require.Equal(t, 1, s.calls(), "Authenticate calls for %d RPCs waiting together", n)

@@ -369,17 +369,21 @@ func TestAuthOnALeaderlessMemberSharedByConcurrentCalls(t *testing.T) {
 	c, cancel := context.WithTimeout(ctx(t), wait)
 	defer cancel()
 	start := time.Now()
-	took := make(chan time.Duration, n)
+	took, errs := make(chan time.Duration, n), make(chan error, n)
 	for range n {
 		go func() { // returns within c
 			_, err := kv.Range(c, &pb.RangeRequest{Key: []byte("secure/a")})
 			t.Logf("Range after %v: %v", time.Since(start).Round(time.Millisecond), err)
 			took <- time.Since(start)
+			errs <- err
 		}()
 	}
 	var last time.Duration
 	for range n {
 		last = max(last, <-took)
+		err := <-errs
+		require.Equal(t, codes.Unavailable, status.Code(err), "the RPC exceeded no deadline of its own: %v", err)
+		require.Equal(t, "etcdwatch: cannot authenticate as user watcher: no answer within 5s", status.Convert(err).Message())
 	}
 	t.Logf("%d concurrent RPCs on a leaderless member: %d Authenticate calls, the last RPC returned after %v", n, asked.Load(), last.Round(time.Millisecond))
 	require.EqualValues(t, 1, asked.Load(), "Authenticate calls for %d RPCs made together", n)
