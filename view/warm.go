@@ -271,9 +271,11 @@ type loaded[T any] struct {
 }
 
 // load reads the entries after h and decodes them, once they are all read
-// and the checksum holds.
+// and the checksum holds. The slice grows with the entries read, not
+// with h.count: a file that claims more than it holds is refused having
+// allocated about what it held.
 func (r *runner[T]) load(sr *stateReader, h stateHeader) (*loaded[T], error) {
-	entries := make([]savedEntry, 0, min(h.count, 1<<20))
+	entries := make([]savedEntry, 0, min(h.count, 1<<10))
 	if err := sr.readEntries(h, false, func(e savedEntry) bool {
 		entries = append(entries, e)
 		return true
