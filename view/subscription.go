@@ -104,11 +104,24 @@ func (s *Subscription[T]) Err() error {
 	}
 }
 
-// poll returns the next batch, or the channel to wait on for one.
+// poll returns the next batch, or the channel to wait on for one. It
+// skips, in a loop, the batches the subscriber holds already: with a large
+// history, a subscriber may be many batches ahead of its start.
 func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
+	for {
+		b, wait, skip, err := s.pollOnce()
+		if !skip {
+			return b, wait, err
+		}
+	}
+}
+
+// pollOnce is one step of poll; skip says that it took a batch the
+// subscriber holds already, or decided on a Resync, and poll goes on.
+func (s *Subscription[T]) pollOnce() (_ Batch[T], _ <-chan struct{}, skip bool, _ error) {
 	select {
 	case <-s.closed:
-		return Batch[T]{}, nil, s.cause
+		return Batch[T]{}, nil, false, s.cause
 	default:
 	}
 	h := &s.c.hist
@@ -122,27 +135,28 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 			s.from = snap.rev + 1
 		}
 		h.mu.Unlock()
-		return s.resyncTo(snap, asked)
+		b, wait, err := s.resyncTo(snap, asked)
+		return b, wait, false, err
 	case s.next < end:
 		b := h.items[s.next-h.first].b
 		s.next++
 		h.mu.Unlock()
 		if s.held(b) {
-			return s.poll()
+			return Batch[T]{}, nil, true, nil
 		}
 		if s.unknownStart(b) {
 			s.resync, s.asked = true, true
-			return s.poll()
+			return Batch[T]{}, nil, true, nil
 		}
-		return s.trimFirst(b), nil, nil
+		return s.trimFirst(b), nil, false, nil
 	case h.over:
 		h.mu.Unlock()
 		s.end(s.c.err) // Err says so too
-		return Batch[T]{}, nil, s.c.err
+		return Batch[T]{}, nil, false, s.c.err
 	}
 	wait := h.changed
 	h.mu.Unlock()
-	return Batch[T]{}, wait, nil
+	return Batch[T]{}, wait, false, nil
 }
 
 // resyncTo is the Resync of snap, counted unless it was asked for; or the
