@@ -160,7 +160,7 @@ func TestSilentStreamIsReplaced(t *testing.T) {
 	require.True(t, h.s.State().Connected)
 	// Down from the probe's answer, the last message, to the new stream's
 	// first: the silence counts, not only the time after it was noticed.
-	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back down="+(idle+timeout).String()), "%q", logs.msgs)
+	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back down="+(idle+timeout).String()), "%q", logs.all())
 	require.Equal(t, uint64(1), h.s.Stats().Reconnects)
 	require.Equal(t, int64(1), h.s.Stats().Watches, "probes are not watches")
 }
@@ -467,6 +467,13 @@ func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	})
 	l.msgs = append(l.msgs, m)
 	return nil
+}
+
+// all returns a copy of the messages, for a failure's text.
+func (l *logRecorder) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
 }
 
 // count returns how many messages contained s.

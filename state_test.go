@@ -191,8 +191,8 @@ func TestServerEndedWatchIsLogged(t *testing.T) {
 	require.ErrorIs(t, ended(t, compacted), etcdwatch.ErrCompacted)
 	h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(5), WatchId: refused.ID(), Canceled: true, CancelReason: "etcdserver: permission denied"})
 	require.ErrorIs(t, ended(t, refused), etcdwatch.ErrPermissionDenied)
-	require.Equal(t, 1, logs.count(`INFO etcdwatch: server ended the watch watch=key "a"`), "%q", logs.msgs)
-	require.Equal(t, 1, logs.count(`WARN etcdwatch: server ended the watch watch=key "b"`), "%q", logs.msgs)
+	require.Equal(t, 1, logs.count(`INFO etcdwatch: server ended the watch watch=key "a"`), "%q", logs.all())
+	require.Equal(t, 1, logs.count(`WARN etcdwatch: server ended the watch watch=key "b"`), "%q", logs.all())
 }
 
 // TestWatchesOfACallThatGaveUpEndWithItsCause: when the ctx of a Handle
