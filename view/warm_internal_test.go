@@ -39,19 +39,19 @@ func TestReachedOf(t *testing.T) {
 }
 
 // TestLoadAllocatesWhatTheFileHolds: a saved state whose header, its
-// checksum right, claims 2^40 entries and holds none is refused having
+// checksum right, claims 2^30 entries and holds none is refused having
 // allocated about what it held, as the reader does for an entry's
 // lengths. Catches: load sizing its entries from the header's count (up
 // to 2^20 entries of 96 bytes: about 100 MB for a 54-byte file).
 func TestLoadAllocatesWhatTheFileHolds(t *testing.T) {
 	var b bytes.Buffer
-	h := stateHeader{cluster: 1, revision: 5, key: []byte("k"), count: 1 << 40}
+	h := stateHeader{cluster: 1, revision: 5, key: []byte("k"), count: 1 << 30}
 	// writeState writes the header, then refuses the entries that are not
 	// what it says: b holds a whole header with its checksum.
 	_ = writeState(&b, h, func(func(*savedEntry) bool) {})
 	sr, read, err := readHeader(bytes.NewReader(b.Bytes()))
 	require.NoError(t, err)
-	require.EqualValues(t, 1<<40, read.count)
+	require.EqualValues(t, 1<<30, read.count)
 	r := &runner[[]byte]{core: &core[[]byte]{opts: defaultOptions(), decode: DecodeBytes}}
 
 	var before, after runtime.MemStats
