@@ -43,8 +43,8 @@ var (
 	// the error also wraps the gRPC error (use status.FromError on it).
 	ErrStreamFailed = errors.New("etcdwatch: watch stream failed")
 
-	// ErrCreateTimeout fails a Watch or WatchAll call that the server did not
-	// answer within WithCreateTimeout.
+	// ErrCreateTimeout fails a Watch, WatchAll or Handle call that the
+	// server did not answer within WithCreateTimeout.
 	ErrCreateTimeout = errors.New("etcdwatch: watch not confirmed in time")
 
 	// ErrProgressUnsupported is returned by RequestProgress on an etcd whose
@@ -53,23 +53,23 @@ var (
 	ErrProgressUnsupported = errors.New("etcdwatch: progress requests unsupported by this etcd")
 
 	// ErrNoWatches is returned by RequestProgress on a Stream without live
-	// watches: etcd 3.6 and later never answer such a request.
+	// watches, at once: etcd never answers such a request, on any release.
 	ErrNoWatches = errors.New("etcdwatch: no watches on the stream")
 )
 
 // CompactedError ends a watch whose next revision was compacted away: the
-// changes from Revision to CompactRevision can no longer be watched. To carry
+// changes from Revision to CompactRevision-1 can no longer be watched. To carry
 // on, read the keys with a Range (which reports its revision R), then watch
 // again FromRevision(R+1). It matches ErrCompacted.
 type CompactedError struct {
-	CompactRevision int64  // the oldest revision the server still has
+	CompactRevision int64  // the oldest revision the server still has: a watch may start there
 	Revision        int64  // the revision the watch needed next
 	Header          Header // of the server's response that ended the watch (etcd sends Revision 0 there)
 }
 
-// Error says which revision the watch needed and how far history is gone.
+// Error says which revision the watch needed and where history now starts.
 func (e *CompactedError) Error() string {
-	return fmt.Sprintf("etcdwatch: watch needs revision %d, compacted up to %d", e.Revision, e.CompactRevision)
+	return fmt.Sprintf("etcdwatch: watch needs revision %d; history starts at %d", e.Revision, e.CompactRevision)
 }
 
 // Is reports whether target is ErrCompacted.

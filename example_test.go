@@ -194,11 +194,11 @@ func ExampleCompactedError() {
 	var err error = &etcdwatch.CompactedError{CompactRevision: 90, Revision: 12} // as Watch.Err may return
 	var ce *etcdwatch.CompactedError
 	if errors.As(err, &ce) {
-		fmt.Printf("watch from %d: revisions up to %d are gone; read the keys, then watch from the read's revision + 1\n", ce.Revision, ce.CompactRevision)
+		fmt.Printf("watch from %d: history starts at %d; read the keys, then watch from the read's revision + 1\n", ce.Revision, ce.CompactRevision)
 	}
 	fmt.Println(errors.Is(err, etcdwatch.ErrCompacted))
 	// Output:
-	// watch from 12: revisions up to 90 are gone; read the keys, then watch from the read's revision + 1
+	// watch from 12: history starts at 90; read the keys, then watch from the read's revision + 1
 	// true
 }
 

@@ -60,7 +60,9 @@ func WithGoroutines(n int) HandlerOption {
 // WithEnded has the Handler call ended once for each of its watches, after
 // the last call of its function for it, with why the watch ended (what
 // Err returns): ErrCanceled, the context's cause, ErrClosed, a
-// *CompactedError, a *ServerError, or an error wrapping ErrStreamFailed.
+// *CompactedError, a *ServerError, an error wrapping ErrStreamFailed, or,
+// when WithCreateTimeout gave up on its Handle call, one wrapping
+// ErrCreateTimeout.
 // It is called from the Handler's goroutines, possibly after the Close
 // that ended the watch has returned; once Close has begun, no response is
 // handed over (a call in progress runs to its end), even one that was

@@ -75,7 +75,7 @@ func WithBufferBytes(n int) Option { return func(o *options) { o.bufferBytes = n
 // 100ms; at least 0.
 func WithStallBudget(d time.Duration) Option { return func(o *options) { o.stallBudget = d } }
 
-// WithCreateTimeout bounds how long Watch and WatchAll wait for the server
+// WithCreateTimeout bounds how long Watch, WatchAll and Handle wait for the server
 // to confirm their watches, apart from their context, which bounds the
 // watches' whole lives: a call not answered within d fails with an error
 // wrapping ErrCreateTimeout (and why the stream could not open, if it

@@ -812,7 +812,7 @@ func movedAtItsHead(t *testing.T, h *harness) (*etcdwatch.Watch, *pb.WatchCreate
 // written and compacted at r+1 meanwhile, etcd cancels that create as
 // compacted, though everything the watch needs, r+1 on, is there: it is
 // created again from r+1 and goes on. Catches a watch ended with "needs
-// revision r+1, compacted up to r+1".
+// revision r+1; history starts at r+1".
 func TestTrapCompactedJustPastItsRevision(t *testing.T) {
 	h := newHarness(t)
 	w, c := movedAtItsHead(t, h)

@@ -99,7 +99,7 @@ func isNil(conn grpc.ClientConnInterface) bool {
 // ErrInvalidRequest; a create refused by the server returns a *ServerError.
 //
 // Each call waits for its own confirmation; to open many watches at once,
-// use WatchAll.
+// use WatchAll. A nil ctx panics, as it does for WatchAll and Handle.
 func (s *Stream) Watch(ctx context.Context, r Request) (*Watch, error) {
 	ws, _, err := s.open(ctx, []Request{r}, nil)
 	if err != nil {
@@ -143,7 +143,7 @@ func (s *Stream) WatchAll(ctx context.Context, rs ...Request) ([]*Watch, error) 
 // watch ends with the refusal and the others with ErrCanceled; when ctx
 // ended, each ends with ctx's cause, as a watch does whose ctx ends (the
 // call's error adds why the stream was down, if it was). Handle does
-// not wait for those calls. A nil h panics.
+// not wait for those calls. A nil h or ctx panics.
 func (s *Stream) Handle(ctx context.Context, h *Handler, rs ...Request) ([]*Watch, error) {
 	if h == nil {
 		panic(fmt.Sprintf("%v: Handle with a nil Handler", ErrInvalidArgument))

@@ -109,10 +109,11 @@ func (g *Group) Stats() etcdwatch.Stats {
 }
 
 // State returns the group's Streams' State together, pinned ones
-// included once their servers have answered (see opening) and until their
+// included once their servers have answered (a Stream whose server has
+// neither answered nor failed yet is not counted) and until their
 // watches end (a pinned Stream closing is no failure): connected while
 // every one that counts is, since that last changed as State saw it (a
-// pinned Stream joining or leaving changes nothing; see health.Steady), and the
+// pinned Stream joining or leaving does not change Since), and the
 // latest error of any. Of the group's own Streams, one with no watch
 // whose server has not answered yet (asked nothing: fewer watches than
 // Streams, or views alone, whose watches are pinned) counts by its errors

@@ -55,7 +55,7 @@ func TestLines(t *testing.T) {
 		}
 	}
 	require.Equal(t, `{"level":"INFO","msg":"etcdwatch: server ended the watch","stream":"demo",`+
-		`"watch":"keys [\"demo/\", \"demo0\")","id":4294967296,"err":"etcdwatch: watch needs revision 2, compacted up to 4"}`, endedLine)
+		`"watch":"keys [\"demo/\", \"demo0\")","id":4294967296,"err":"etcdwatch: watch needs revision 2; history starts at 4"}`, endedLine)
 
 	ended := byMsg["etcdwatch: watch stream ended; reconnecting"]
 	require.NotNil(t, ended, "no line for the cut stream in %v", lines)

@@ -49,7 +49,7 @@ func TestProgressAfterACompactedWatch(t *testing.T) {
 // progress at once). When the store was written and compacted at r+1
 // meanwhile, etcd cancels that create as compacted although nothing the
 // watch needs is gone: it goes on from r+1. Catches a watch ended with
-// "needs revision r+1, compacted up to r+1".
+// "needs revision r+1; history starts at r+1".
 func TestTrapCompactedJustPastItsRevision(t *testing.T) {
 	leakCheck(t)
 	proxy := etcdwatchtest.NewProxy(t, etcd.Endpoint)
