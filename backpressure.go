@@ -170,10 +170,8 @@ func (d *dispatcher) stallShared() {
 // whose consumer is behind (its backlog at the buffer limit) holds up the
 // stream, or is paused once it may stall no longer.
 func (d *dispatcher) deliver(w *Watch, r Response) {
-	start, behind := w.out.push(r, d.s.limit)
-	if start && w.out.to != nil {
-		w.out.to.schedule(w)
-	} else if start {
+	start, behind := w.out.push(w, r, d.s.limit)
+	if start {
 		d.s.hooks.at(hookPumpStart)
 		d.s.pumps.Add(1)
 		go w.pump(w.out.more.stop) // exits when the backlog is empty, aborted, or at Close; Close waits on pumps. push made the backlog in this goroutine.

@@ -98,12 +98,13 @@ func joinable(q, r Response) bool {
 	return len(q.Events) > 0 && len(r.Events) > 0 && len(q.Events)+len(r.Events) <= JoinLimit
 }
 
-// push hands r to the consumer without ever blocking: straight to a waiting
-// reader when nothing is queued, otherwise into the backlog, which the
-// caller must then have a pump deliver (start). behind reports that the
-// backlog has just reached limit: the caller must stall for the consumer or
-// pause the watch.
-func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
+// push hands r to w's consumer without ever blocking: straight to a
+// waiting reader when nothing is queued, otherwise into the backlog, which
+// the caller must then have a pump deliver (start); for a Handler's watch,
+// push queues w on its Handler itself, before it lets go of the delivery,
+// and start is false. behind reports that the backlog has just reached
+// limit: the caller must stall for the consumer or pause the watch.
+func (o *delivery) push(w *Watch, r Response, limit bufferLimit) (start, behind bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.ended || o.dropped {
@@ -134,6 +135,12 @@ func (o *delivery) push(r Response, limit bufferLimit) (start, behind bool) {
 	b.queued.add(weigh(r))
 	start = !o.pumping
 	o.pumping = true
+	if start && o.to != nil {
+		// Queued on its Handler before the lock is let go: a Cancel now
+		// finds it queued (endLocked), and a Wait after Done waits for Ended.
+		o.to.schedule(w)
+		start = false
+	}
 	if limit.full(b.queued) && !o.behind {
 		o.behind = true
 		behind = true

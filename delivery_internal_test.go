@@ -18,7 +18,7 @@ func TestNothingIsTakenAfterAPumpGaveUp(t *testing.T) {
 	var o delivery
 	o.init(1, nil)
 	limit := bufferLimit{events: 100, bytes: 1 << 20}
-	start, _ := o.push(Response{Revision: 2, Events: []Event{{KeyValue: KeyValue{ModRevision: 2}}}}, limit)
+	start, _ := o.push(nil, Response{Revision: 2, Events: []Event{{KeyValue: KeyValue{ModRevision: 2}}}}, limit)
 	require.True(t, start, "no reader: queued for a pump")
 	r, ok, _ := o.next(load{}, limit) // the pump takes the head, and gives up at Close
 	require.True(t, ok)
@@ -34,7 +34,7 @@ func TestNothingIsTakenAfterAPumpGaveUp(t *testing.T) {
 		close(taken)
 	}()
 	for range 100 { // whether or not the reader is waiting yet
-		start, behind := o.push(Response{Revision: 4, Events: []Event{{KeyValue: KeyValue{ModRevision: 4}}}}, limit)
+		start, behind := o.push(nil, Response{Revision: 4, Events: []Event{{KeyValue: KeyValue{ModRevision: 4}}}}, limit)
 		require.False(t, start, "queued for a new pump after the backlog was dropped")
 		require.False(t, behind)
 	}
