@@ -15,7 +15,7 @@ type Stats struct {
 	Pauses            uint64 // times a watch was paused
 	Resumes           uint64 // times a paused watch was re-created
 	Responses         uint64 // responses received from the server
-	Events            uint64 // events queued for consumers
+	Events            uint64 // events handed to their watches for consumers (a watch canceled meanwhile drops them)
 	Fragments         uint64 // fragment responses joined into whole revisions
 	DuplicatesDropped uint64 // events at or below a watch's revision that were dropped
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
