@@ -18,7 +18,7 @@ func WithClock(c clock.Clock) Option { return func(o *options) { o.clock = c } }
 type Hook = hook
 
 const (
-	HookReceived  = hookReceived  // the session handed a response to the dispatcher
+	HookReceived  = hookReceived  // the session is handing a response to the dispatcher: counted before the dispatcher can handle it
 	HookResponse  = hookResponse  // the dispatcher handled a response
 	HookCommand   = hookCommand   // the dispatcher handled a command
 	HookStreamEnd = hookStreamEnd // the dispatcher handled the end of a stream

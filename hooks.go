@@ -4,7 +4,7 @@ package etcdwatch
 type hook uint8
 
 const (
-	hookReceived  hook = iota // the session handed a response to the dispatcher
+	hookReceived  hook = iota // the session is handing a response to the dispatcher (just before; see session.hand)
 	hookResponse              // the dispatcher handled a response
 	hookCommand               // the dispatcher handled a command
 	hookStreamEnd             // the dispatcher handled the end of a stream
@@ -19,7 +19,7 @@ const (
 // they wait for an event rather than poll for a state, or sleep. A Stream
 // outside tests has none: each call is then a nil check.
 type hooks struct {
-	on func(hook) // called from the goroutine where the point is, after it
+	on func(hook) // called from the goroutine where the point is, after it (hookReceived: just before)
 }
 
 func (h *hooks) at(p hook) {

@@ -282,6 +282,8 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithGate(obs, gate), etcdwatch.WithProgressRetry(time.Hour, time.Hour))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	letGo := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(letGo) // first: a test that failed while holding the dispatcher lets Close end
 	h := &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
 
 	w := h.watch(etcdwatch.Key("a"), 3)
@@ -295,7 +297,7 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookReceived) == received+1 })
 	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and the stream's end, before the dispatcher sees either
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookExited) == exited+1 })
-	close(release)
+	letGo()
 	h.srv = h.server.Accept(t)
 	h.srv.RecvCreate(t)                   // the retry
 	h.srv.Send(t, ws.CreateFailed(stale)) // refused again: the second in a row
@@ -337,6 +339,8 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 		etcdwatch.WithProgressRetry(time.Hour, time.Hour), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	letGo := func() {} // lets the dispatcher go on, if the test holds it
+	t.Cleanup(func() { letGo() }) // first: a test that failed while holding the dispatcher lets Close end
 	h := &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
 
 	ctx := context.Background()
@@ -372,6 +376,7 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 		held, release = make(chan struct{}), make(chan struct{})
 		hd, rl := held, release
 		mu.Unlock()
+		letGo = sync.OnceFunc(func() { close(rl) })
 		h.srv.Send(t, ws.Progress(-1, 3)) // handled, then the dispatcher is held
 		<-hd
 		received, exited := obs.Count(etcdwatch.HookReceived), obs.Count(etcdwatch.HookExited)
@@ -379,7 +384,7 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 		h.await(func() bool { return obs.Count(etcdwatch.HookReceived) == received+1 })
 		h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and a cut, together
 		h.await(func() bool { return obs.Count(etcdwatch.HookExited) == exited+1 })
-		close(rl)
+		letGo()
 	}
 }
 

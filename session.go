@@ -214,17 +214,19 @@ func (s *session) recvLoop(open opener) error {
 	}
 }
 
-// hand gives resp to the dispatcher.
+// hand gives resp to the dispatcher. hookReceived comes first: once the
+// dispatcher has resp it may handle it (hookResponse) before this
+// goroutine runs again, and a test that saw it handled must count it
+// received.
 func (s *session) hand(resp wireResponse) error {
+	s.hooks.at(hookReceived)
 	select {
 	case s.recv <- resp: // room, or the dispatcher waiting: no select over ctx needed
-		s.hooks.at(hookReceived)
 		return nil
 	default:
 	}
 	select {
 	case s.recv <- resp:
-		s.hooks.at(hookReceived)
 		return nil
 	case <-s.ctx.Done():
 		return context.Cause(s.ctx)
