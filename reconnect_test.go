@@ -339,7 +339,7 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 		etcdwatch.WithProgressRetry(time.Hour, time.Hour), etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
-	letGo := func() {} // lets the dispatcher go on, if the test holds it
+	letGo := func() {}            // lets the dispatcher go on, if the test holds it
 	t.Cleanup(func() { letGo() }) // first: a test that failed while holding the dispatcher lets Close end
 	h := &harness{t: t, s: s, obs: obs, server: server, srv: server.Accept(t)}
 
