@@ -104,59 +104,49 @@ func (s *Subscription[T]) Err() error {
 	}
 }
 
-// poll returns the next batch, or the channel to wait on for one. It
-// skips, in a loop, the batches the subscriber holds already: with a large
+// poll returns the next batch, or the channel to wait on for one. The
+// batches the subscriber holds already are skipped in a loop: with a large
 // history, a subscriber may be many batches ahead of its start.
 func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 	for {
-		b, wait, skip, err := s.pollOnce()
-		if !skip {
-			return b, wait, err
+		select {
+		case <-s.closed:
+			return Batch[T]{}, nil, s.cause
+		default:
 		}
-	}
-}
-
-// pollOnce is one step of poll; skip says that it took a batch the
-// subscriber holds already, or decided on a Resync, and poll goes on.
-func (s *Subscription[T]) pollOnce() (_ Batch[T], _ <-chan struct{}, skip bool, _ error) {
-	select {
-	case <-s.closed:
-		return Batch[T]{}, nil, false, s.cause
-	default:
-	}
-	h := &s.c.hist
-	h.mu.Lock()
-	end := h.first + uint64(len(h.items))
-	switch {
-	case s.resync || s.next < h.first:
-		snap, asked := s.c.snap.Load(), s.resync && s.asked
-		s.next, s.resync, s.from = end, false, 0
-		if snap != nil { // the next batch starts at the Resync's revision, though it may have been published from before it
-			s.from = snap.rev + 1
+		h := &s.c.hist
+		h.mu.Lock()
+		end := h.first + uint64(len(h.items))
+		switch {
+		case s.resync || s.next < h.first:
+			snap, asked := s.c.snap.Load(), s.resync && s.asked
+			s.next, s.resync, s.from = end, false, 0
+			if snap != nil { // the next batch starts at the Resync's revision, though it may have been published from before it
+				s.from = snap.rev + 1
+			}
+			h.mu.Unlock()
+			return s.resyncTo(snap, asked)
+		case s.next < end:
+			b := h.items[s.next-h.first].b
+			s.next++
+			h.mu.Unlock()
+			if s.held(b) {
+				continue
+			}
+			if s.unknownStart(b) {
+				s.resync, s.asked = true, true
+				continue
+			}
+			return s.trimFirst(b), nil, nil
+		case h.over:
+			h.mu.Unlock()
+			s.end(s.c.err) // Err says so too
+			return Batch[T]{}, nil, s.c.err
 		}
+		wait := h.changed
 		h.mu.Unlock()
-		b, wait, err := s.resyncTo(snap, asked)
-		return b, wait, false, err
-	case s.next < end:
-		b := h.items[s.next-h.first].b
-		s.next++
-		h.mu.Unlock()
-		if s.held(b) {
-			return Batch[T]{}, nil, true, nil
-		}
-		if s.unknownStart(b) {
-			s.resync, s.asked = true, true
-			return Batch[T]{}, nil, true, nil
-		}
-		return s.trimFirst(b), nil, false, nil
-	case h.over:
-		h.mu.Unlock()
-		s.end(s.c.err) // Err says so too
-		return Batch[T]{}, nil, false, s.c.err
+		return Batch[T]{}, wait, nil
 	}
-	wait := h.changed
-	h.mu.Unlock()
-	return Batch[T]{}, wait, false, nil
 }
 
 // resyncTo is the Resync of snap, counted unless it was asked for; or the
