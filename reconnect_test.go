@@ -203,7 +203,7 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 		for req := range st.Requests() {
 			switch c := req.GetCreateRequest(); {
 			case string(c.GetKey()) == "a":
-				st.Send(t, ws.CreateFailed("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"))
+				st.Send(t, ws.CreateFailed(staleToken))
 			case c != nil:
 				st.Send(t, ws.Created(c.WatchId, 5))
 			}
@@ -232,6 +232,24 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 	require.Equal(t, 1, logs.count("create refused for its credentials; trying a new stream"), "one retry for a stale token")
 }
 
+// staleToken is etcd's refusal of a create for an expired or invalid token.
+const staleToken = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+
+// requireEndsUnauthenticated fails t unless w, refused twice in a row for
+// a stale token, ends with ErrUnauthenticated rather than being tried on
+// another stream.
+func requireEndsUnauthenticated(t *testing.T, h *harness, w *etcdwatch.Watch) {
+	t.Helper()
+	select {
+	case <-w.Done():
+		require.ErrorIs(t, w.Err(), etcdwatch.ErrUnauthenticated)
+	case next := <-h.server.Streams():
+		t.Fatalf("refused twice in a row for its token, the watch was tried on another stream (create %d)", next.RecvCreate(t).WatchId)
+	case <-time.After(wait):
+		t.Fatal("neither the watch's end nor a new stream")
+	}
+}
+
 // TestStaleTokenRetryCutBeforeItsAnswerStillCounts: a create refused for
 // a stale token is tried once more on a new stream; that stream is cut
 // before it answers, and the stream after refuses it again. Two refusals
@@ -239,25 +257,17 @@ func TestStaleTokenGetsOneNewStream(t *testing.T) {
 // limits): a retry counts from when it is due, so that no sequence of
 // refusals and cuts can keep a watch going from stream to stream.
 func TestStaleTokenRetryCutBeforeItsAnswerStillCounts(t *testing.T) {
-	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
 	h := newHarness(t)
 	w := h.watch(etcdwatch.Key("a"), 3)
 	h.cut()
 	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.CreateFailed(stale)) // the first refusal: a new stream
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // the first refusal: a new stream
 	h.srv = h.server.Accept(t)
 	h.srv.RecvCreate(t) // the retry, on the new stream...
 	h.cut()             // ...which is cut before it answers
 	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.CreateFailed(stale)) // the second refusal in a row
-	select {
-	case <-w.Done():
-		require.ErrorIs(t, w.Err(), etcdwatch.ErrUnauthenticated)
-	case next := <-h.server.Streams():
-		t.Fatalf("refused twice in a row, the watch was tried on another stream (create %d)", next.RecvCreate(t).WatchId)
-	case <-time.After(wait):
-		t.Fatal("neither the watch's end nor a new stream")
-	}
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // the second refusal in a row
+	requireEndsUnauthenticated(t, h, w)
 }
 
 // TestStaleTokenRefusedAsItsStreamEnds: the first refusal for a stale
@@ -268,7 +278,6 @@ func TestStaleTokenRetryCutBeforeItsAnswerStillCounts(t *testing.T) {
 // watch getting a third stream (or, against a server that always refuses
 // and cuts, new streams for ever).
 func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
-	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
 	obs := etcdwatch.NewObserver()
 	var armed atomic.Bool
 	held, release := make(chan struct{}), make(chan struct{})
@@ -293,22 +302,15 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 	h.srv.Send(t, ws.Progress(-1, 3)) // handled, then the dispatcher is held
 	<-held
 	received, exited := h.obs.Count(etcdwatch.HookReceived), h.obs.Count(etcdwatch.HookExited)
-	h.srv.Send(t, ws.CreateFailed(stale)) // the first refusal...
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // the first refusal...
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookReceived) == received+1 })
 	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and the stream's end, before the dispatcher sees either
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookExited) == exited+1 })
 	letGo()
 	h.srv = h.server.Accept(t)
-	h.srv.RecvCreate(t)                   // the retry
-	h.srv.Send(t, ws.CreateFailed(stale)) // refused again: the second in a row
-	select {
-	case <-w.Done():
-		require.ErrorIs(t, w.Err(), etcdwatch.ErrUnauthenticated)
-	case next := <-h.server.Streams():
-		t.Fatalf("refused twice in a row for its token, the watch was tried on a third stream (create %d)", next.RecvCreate(t).WatchId)
-	case <-time.After(wait):
-		t.Fatal("neither the watch's end nor a new stream")
-	}
+	h.srv.RecvCreate(t)                        // the retry
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // refused again: the second in a row
+	requireEndsUnauthenticated(t, h, w)
 }
 
 // TestStaleTokenRefusedWithACutEveryTimeEnds: a server that refuses every
@@ -317,7 +319,6 @@ func TestStaleTokenRefusedAsItsStreamEnds(t *testing.T) {
 // after one retry: a cut must not give back the spent retry of the watch
 // that waits in toCreate while the other is refused.
 func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
-	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
 	obs := etcdwatch.NewObserver()
 	var mu sync.Mutex
 	var held, release chan struct{}
@@ -348,7 +349,7 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 	h.srv.RecvCreate(t)
 	resB := h.watchAsync(ctx, etcdwatch.Key("b"))
 	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.CreateFailed(stale)) // two in flight, unproven: unmatched; the next streams create one at a time
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // two in flight, unproven: unmatched; the next streams create one at a time
 
 	ended := 0
 	for streams := 1; ended < 2; {
@@ -380,7 +381,7 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 		h.srv.Send(t, ws.Progress(-1, 3)) // handled, then the dispatcher is held
 		<-hd
 		received, exited := obs.Count(etcdwatch.HookReceived), obs.Count(etcdwatch.HookExited)
-		h.srv.Send(t, ws.CreateFailed(stale)) // a refusal...
+		h.srv.Send(t, ws.CreateFailed(staleToken)) // a refusal...
 		h.await(func() bool { return obs.Count(etcdwatch.HookReceived) == received+1 })
 		h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...and a cut, together
 		h.await(func() bool { return obs.Count(etcdwatch.HookExited) == exited+1 })
@@ -395,7 +396,6 @@ func TestStaleTokenRefusedWithACutEveryTimeEnds(t *testing.T) {
 // there ends the watch with ErrUnauthenticated rather than earning it yet
 // another stream.
 func TestStaleTokenRetryRefusedBehindAStallEnds(t *testing.T) {
-	const stale = "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
 	clk := clock.NewFake()
 	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithBufferLimit(1),
 		etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
@@ -405,8 +405,8 @@ func TestStaleTokenRetryRefusedBehindAStallEnds(t *testing.T) {
 	resW := h.watchAsync(ctx, etcdwatch.Key("a"))
 	h.srv.RecvCreate(t)
 	resV := h.watchAsync(ctx, etcdwatch.Key("v"))
-	h.srv.RecvCreate(t)                   // v in flight behind a
-	h.srv.Send(t, ws.CreateFailed(stale)) // a's first refusal: a new stream, v first on it
+	h.srv.RecvCreate(t)                        // v in flight behind a
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // a's first refusal: a new stream, v first on it
 
 	h.srv = h.server.Accept(t)
 	cV := h.srv.RecvCreate(t)
@@ -419,7 +419,7 @@ func TestStaleTokenRetryRefusedBehindAStallEnds(t *testing.T) {
 	h.srv.Send(t, ws.Events(cV.WatchId, 4, ws.Put("v", "1", 4))) // v at its limit: the stream stalls for it
 	h.await(func() bool { return h.s.Stats().Stalls == 1 })
 	received, exited, ends := h.obs.Count(etcdwatch.HookReceived), h.obs.Count(etcdwatch.HookExited), h.obs.Count(etcdwatch.HookStreamEnd)
-	h.srv.Send(t, ws.CreateFailed(stale)) // a's retry refused: its second refusal...
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // a's retry refused: its second refusal...
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookReceived) == received+1 })
 	h.srv.Close(status.Error(codes.Unavailable, "member going away")) // ...then a cut, while the stall holds it unread
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookExited) == exited+1 })
@@ -434,13 +434,13 @@ func TestStaleTokenRetryRefusedBehindAStallEnds(t *testing.T) {
 	// matched, and the stream after takes one create at a time.
 	require.Equal(t, "a", string(h.srv.RecvCreate(t).Key))
 	require.Equal(t, "x", string(h.srv.RecvCreate(t).Key))
-	h.srv.Send(t, ws.CreateFailed(stale))
+	h.srv.Send(t, ws.CreateFailed(staleToken))
 	require.True(t, h.srv.Ended(t), "an unmatched refusal ends the stream")
 	awaitArmed(t, clk, time.Millisecond)
 	clk.Advance(time.Millisecond)
 	h.srv = h.server.Accept(t)
 	require.Equal(t, "a", string(h.srv.RecvCreate(t).Key))
-	h.srv.Send(t, ws.CreateFailed(stale)) // matched: its retry was spent long ago
+	h.srv.Send(t, ws.CreateFailed(staleToken)) // matched: its retry was spent long ago
 	select {
 	case r := <-resW:
 		require.ErrorIs(t, r.err, etcdwatch.ErrUnauthenticated)

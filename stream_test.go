@@ -1188,7 +1188,7 @@ func TestProgressWaitsForAFirstCreateRefusedForAStaleToken(t *testing.T) {
 	h.await(func() bool { return h.s.Stats().Watches == 2 })
 	got := h.progressAsync() // began with w's create sent
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
-	h.srv.Send(t, ws.CreateFailed("rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"))
+	h.srv.Send(t, ws.CreateFailed(staleToken))
 	require.True(t, h.srv.Ended(t), "a new stream for new credentials")
 	h.srv = h.server.Accept(t)
 	require.Equal(t, "v", string(h.srv.RecvCreate(t).Key)) // one at a time: w waits behind it
