@@ -36,7 +36,7 @@ var (
 	events1        = flag.Int("events1", 200000, "clientonly: events sent 1 to a response")
 	memoryN        = flag.Int("memory", 10000, "memory: idle watches")
 	memoryChildOf  = flag.String("memory-child", "", "internal: measure memory for this contender and exit")
-	callers        = flag.Int("callers", 0, "etcdwatch opens its watches with one WatchAll (0), or with this many goroutines calling Watch")
+	callers        = flag.Int("callers", 0, "etcdwatch opens its watches with one WatchAll (0), or with this many goroutines calling Watch; raw-percall sends its creates from as many")
 	verbose        = flag.Bool("v", false, "print each etcdwatch run's stream counters")
 	contendersFlag = flag.String("contenders", "raw,clientv3,clientv3watch,etcdwatch,etcdwatch-handler", "contenders to run, comma-separated")
 	cpuProfile     = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -234,12 +234,15 @@ func runWorkload(w workload) {
 	for _, m := range w.metrics {
 		fmt.Printf("RATIO %s %s etcdwatch/clientv3=%s etcdwatch/raw=%s etcdwatch-handler/raw=%s clientv3watch/clientv3=%s\n", w.name, m,
 			ratio("etcdwatch", "clientv3", m), ratio("etcdwatch", "raw", m), ratio("etcdwatch-handler", "raw", m), ratio("clientv3watch", "clientv3", m))
+		if _, ok := medians["raw-percall"]; ok {
+			fmt.Printf("RATIO %s %s etcdwatch/raw-percall=%s raw-percall/raw=%s\n", w.name, m, ratio("etcdwatch", "raw-percall", m), ratio("raw-percall", "raw", m))
+		}
 	}
 }
 
 // allContenders returns every contender, with its default settings.
 func allContenders() []contender {
-	return []contender{rawClient{}, clientv3Client{}, clientv3watchClient{}, etcdwatchClient{}, etcdwatchClient{handler: true}}
+	return []contender{rawClient{}, rawClient{perCall: true}, clientv3Client{}, clientv3watchClient{}, etcdwatchClient{}, etcdwatchClient{handler: true}}
 }
 
 // contenderNamed returns the contender called name, or exits.

@@ -28,12 +28,29 @@ type rawClient struct {
 	requireLeader bool
 	// retry is the wait before the next stream after one that failed.
 	retry time.Duration
+	// perCall opens the first stream's watches as -callers goroutines
+	// calling a function each, which sends its create and waits for its
+	// own created response: the least a client with a Watch call per
+	// goroutine can do. The contender "raw-percall"; it is raw without
+	// -callers.
+	perCall bool
 }
 
-func (rawClient) name() string { return "raw" }
+func (c rawClient) name() string {
+	if c.perCall {
+		return "raw-percall"
+	}
+	return "raw"
+}
 
 func (c rawClient) watch(ctx context.Context, conn *grpc.ClientConn, specs []spec, out sink) (func(), error) {
 	r := &rawRun{client: pb.NewWatchClient(conn), specs: specs, out: out, next: make([]int64, len(specs)), created: make(chan error, 1), retry: c.retry}
+	if c.perCall && *callers > 0 {
+		r.answered = make([]chan struct{}, len(specs))
+		for i := range r.answered {
+			r.answered[i] = make(chan struct{})
+		}
+	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	if c.requireLeader {
 		r.ctx = metadata.AppendToOutgoingContext(r.ctx, "hasleader", "true")
@@ -68,6 +85,10 @@ type rawRun struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+
+	// answered is closed per watch by its first created response, for the
+	// per-call callers waiting on it; nil unless perCall with -callers.
+	answered []chan struct{}
 }
 
 func (r *rawRun) stop() {
@@ -103,14 +124,15 @@ func (r *rawRun) stream() error {
 	// Send from a goroutine of its own: sending every create before reading
 	// any answer would deadlock once flow control fills up.
 	sent := make(chan struct{})
+	perCall := r.answered != nil && !r.confirmed // the loop below sets confirmed
 	go func() {
 		defer close(sent)
-		for i, s := range r.specs {
-			c := &pb.WatchCreateRequest{Key: []byte(s.key), WatchId: int64(i + 1), StartRevision: r.next[i]}
-			if s.prefix {
-				c.RangeEnd = prefixEnd(s.key)
-			}
-			if ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}) != nil {
+		if perCall {
+			r.sendPerCall(ctx, ws)
+			return
+		}
+		for i := range r.specs {
+			if ws.Send(r.create(i)) != nil {
 				return
 			}
 		}
@@ -126,8 +148,12 @@ func (r *rawRun) stream() error {
 			if resp.Canceled {
 				return fmt.Errorf("create refused: %s", resp.CancelReason)
 			}
-			if i := resp.WatchId - 1; r.next[i] == 0 {
+			i := resp.WatchId - 1
+			if r.next[i] == 0 {
 				r.next[i] = resp.Header.GetRevision() + 1
+			}
+			if perCall {
+				close(r.answered[i])
 			}
 			if confirmed++; confirmed == len(r.specs) && !r.confirmed {
 				r.confirmed = true
@@ -147,6 +173,37 @@ func (r *rawRun) stream() error {
 			}
 		}
 	}
+}
+
+// create is the request creating watch i from its next revision.
+func (r *rawRun) create(i int) *pb.WatchRequest {
+	s := r.specs[i]
+	c := &pb.WatchCreateRequest{Key: []byte(s.key), WatchId: int64(i + 1), StartRevision: r.next[i]}
+	if s.prefix {
+		c.RangeEnd = prefixEnd(s.key)
+	}
+	return &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: c}}
+}
+
+// sendPerCall opens every watch from -callers goroutines, each sending one
+// create under a lock (a gRPC stream takes one Send at a time) and waiting
+// for its created response before it takes the next watch.
+func (r *rawRun) sendPerCall(ctx context.Context, ws pb.Watch_WatchClient) {
+	var mu sync.Mutex
+	_ = parallel(len(r.specs), func(i int) error {
+		mu.Lock()
+		err := ws.Send(r.create(i))
+		mu.Unlock()
+		if err != nil {
+			return err
+		}
+		select {
+		case <-r.answered[i]:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
 }
 
 // startQueues gives every watch an unbounded queue of whole responses and
