@@ -60,7 +60,8 @@ func (d *dispatcher) unbind(w *Watch) {
 }
 
 // handleCtxDone ends every watch of g with its context's cause, as Cancel
-// would.
+// would, and tells a Stream.open still waiting for one of them that its
+// context ended.
 func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 	if d.ctxs[g.ctx.Done()] != g {
 		return // emptied and replaced meanwhile
@@ -72,6 +73,7 @@ func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 			continue // unbound before
 		}
 		w.entry.group = nil
+		w.tellOpen(created{err: cause})
 		if w.abort(cause) {
 			d.handleCancel(w)
 		}

@@ -193,7 +193,7 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	for l, lws := range byLane(ws) {
 		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed, and stop counting
 	}
-	failed, err := s.awaitCreated(ctx, created, ws)
+	failed, err := s.awaitCreated(created, ws)
 	if err == nil {
 		return ws, -1, nil
 	}
@@ -241,7 +241,12 @@ func (s *Stream) cancelAll(ws []*Watch, failed *Watch, err error) {
 // first failure: a watch the server refused and why, or no watch and ctx's
 // cause, ErrCreateTimeout or ErrClosed, explained by the state of the lanes
 // of ws (stateOf).
-func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []*Watch) (*Watch, error) {
+//
+// Every outcome comes from the dispatchers, ctx's end and Close included
+// (handleCtxDone, shutdown), so that a call waits on its own channel alone:
+// ten thousand goroutines calling Watch under one context do not all queue
+// on its Done channel, nor on closing.
+func (s *Stream) awaitCreated(outcomes <-chan created, ws []*Watch) (*Watch, error) {
 	var timeout <-chan time.Time
 	if d := s.opts.createTimeout; d > 0 {
 		t := s.opts.clock.NewTimer(d)
@@ -249,17 +254,22 @@ func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []
 		timeout = t.C()
 	}
 	for range ws {
-		select {
-		case c := <-created:
-			if c.err != nil {
-				return c.w, c.err
+		var c created
+		if timeout == nil {
+			c = <-outcomes
+		} else {
+			select {
+			case c = <-outcomes:
+			case <-timeout:
+				return nil, s.stateOf(ws).Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
 			}
-		case <-ctx.Done():
-			return nil, s.stateOf(ws).Explain(context.Cause(ctx))
-		case <-timeout:
-			return nil, s.stateOf(ws).Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
-		case <-s.closing:
-			return nil, ErrClosed
+		}
+		switch {
+		case c.err == nil:
+		case c.w == nil: // the call's ctx ended
+			return nil, s.stateOf(ws).Explain(c.err)
+		default:
+			return c.w, c.err
 		}
 	}
 	return nil, nil
