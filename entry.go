@@ -32,7 +32,7 @@ const (
 	probe                              // a liveness probe, not a user's watch: it has no consumer
 	authRetried                        // refused for its credentials once; refused again, it ends
 	moving                             // re-created on a new stream after the last one ended, not yet confirmed: counted as moved once it is
-	recreated                          // created again on this stream (a new stream, or compacted just past its revision; or a first create sent before, see unconfirmedAgain), not yet confirmed: no progress answer bookmarks it
+	recreated                          // created again on this stream (a new stream, or compacted just past its revision; or a create sent before, see unconfirmedAgain), not yet confirmed: no progress answer bookmarks it
 	replay                             // re-created from rev itself: the server sends rev's events a second time
 	unanchored                         // created from now, nothing since: the server's start is unknown, so every event is new
 	nowHere                            // its create on this stream asked from now: see caughtUp

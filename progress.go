@@ -365,19 +365,13 @@ func (p *progressState) awaitUpTo(last *Watch) {
 }
 
 // unconfirmedAgain marks w, whose create was sent and is to be sent again,
-// as one no answer covers until it is confirmed, if it was a first create:
-// a call that began once it was sent waits for it (see unconfirmed). A
-// paused watch's resume is not marked: a paused watch is not covered.
+// as one no answer covers until it is confirmed: a call that began once it
+// was sent waits for it (see unconfirmed), as it would have on the stream
+// it was sent on. A watch its consumer gave up is not marked.
 func unconfirmedAgain(w *Watch) {
-	if e := &w.entry; e.firstCreate() {
+	if e := &w.entry; e.state == stateCreating && !e.is(probe) {
 		e.set(recreated, true)
 	}
-}
-
-// firstCreate reports whether e is a user's watch whose first create is
-// not answered yet, and whose consumer has not given it up.
-func (e *entry) firstCreate() bool {
-	return e.created != nil && !e.is(probe) && e.state != stateAbandoned
 }
 
 // caughtUp reports whether the active watch e is up to rev, the revision
@@ -406,17 +400,17 @@ func (d *dispatcher) resendProgress() {
 	}
 }
 
-// unconfirmed returns the create id of the oldest watch not confirmed yet
-// on this stream, which no answer can bookmark: a watch's first create,
-// or a watch created again (after the last stream ended, or compacted just
-// past its revision); 1, below every id, while such a watch created again
-// still waits in toCreate for its create (one create at a time). ok is
-// false when there is none. A paused watch's resume does not count: a
-// paused watch is not covered until it resumes. A first create counts
-// because etcd's send loop may put an answer before that create's
-// created response, and holds the watch's events until after it, so the
-// answer says nothing of them. A watch its consumer gave up (abandoned)
-// is waited for no longer.
+// unconfirmed returns the create id of the oldest watch whose create on
+// this stream is in flight, which no answer can bookmark: a watch's first
+// create, a watch created again (after the last stream ended, or
+// compacted just past its revision), or a paused watch's resume; 1, below
+// every id, while a watch created again still waits in toCreate for its
+// create (one create at a time). ok is false when there is none. A create
+// in flight counts because etcd's send loop may put an answer before that
+// create's created response, and holds the watch's events until after it,
+// so the answer says nothing of them. A paused watch whose resume is not
+// sent yet does not count: it is not covered until its consumer has caught
+// up. A watch its consumer gave up (abandoned) is waited for no longer.
 func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 	for w := range d.toCreate.All() {
 		if w.entry.createdAgain() {
@@ -424,7 +418,7 @@ func (d *dispatcher) unconfirmed() (id int64, ok bool) {
 		}
 	}
 	for w := range d.pending.All() { // in create order: the first is the oldest
-		if e := &w.entry; e.createdAgain() || e.firstCreate() {
+		if e := &w.entry; e.state == stateCreating && !e.is(probe) {
 			return e.reqID, true
 		}
 	}

@@ -873,10 +873,9 @@ func TestTrapRecreateIsBookmarked(t *testing.T) {
 
 // TestTrapRecreateConfirmedIsAWatchLikeAnyOther: once the compaction
 // trap's re-create is confirmed, the watch is waited for by RequestProgress
-// as any watch is: paused later for its consumer, its resume is not
-// waited for ("a paused watch is not covered"). Catches a re-create whose
-// mark stayed after its confirmation: the call would wait for the resume,
-// and ask again, as for a watch moved under it.
+// as any watch is: paused later for its consumer and resumed before the
+// call, its resume is waited for as any create in flight is (see
+// TestProgressWaitsForAResumeSentBeforeIt), and it gets the bookmark.
 func TestTrapRecreateConfirmedIsAWatchLikeAnyOther(t *testing.T) {
 	h := newHarness(t, etcdwatch.WithBufferLimit(2), etcdwatch.WithStallBudget(0))
 	w, c := movedAtItsHead(t, h)
@@ -900,10 +899,21 @@ func TestTrapRecreateConfirmedIsAWatchLikeAnyOther(t *testing.T) {
 	require.Contains(t, []int64{4, 5}, resume.StartRevision)
 	got := h.progressAsync()
 	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 5)) // before the resume's created response
+	h.srv.Send(t, ws.Created(resume.WatchId, 5))
+	// Its first event again, one alone: the two (from 4) in one response
+	// would reach the limit of 2, and pause it again.
+	h.srv.Send(t, ws.Events(resume.WatchId, 5, ws.Put("a", "v", resume.StartRevision)))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once the resume was answered")
 	h.srv.Send(t, ws.Progress(-1, 5))
 	r := recvProgress(t, got)
 	require.NoError(t, r.err)
 	require.Equal(t, int64(5), r.rev)
+	b := next(t, w)
+	require.Equal(t, resume.StartRevision, b.Events[0].ModRevision)
+	b = next(t, w)
+	require.True(t, b.IsProgress(), "the watch's bookmark, after its event")
+	require.Equal(t, int64(5), b.Revision)
 }
 
 // TestCompactedWatchIsCanceledOnTheServer: etcd keeps a watcher it

@@ -279,8 +279,9 @@ func (s *Stream) awaitCreated(outcomes <-chan created, ws []*Watch) (*Watch, err
 // active on the stream when the call began has queued all its events <= R,
 // and delivers R (or more) to each of them as a bookmark after those
 // events. R is at least the highest revision the stream had seen when the
-// call began. A paused watch (one whose consumer fell behind) is not
-// covered: it catches up after it resumes. A watch created again on a new
+// call began. A paused watch (one whose consumer fell behind) is covered
+// once its consumer has caught up and its create has gone again before the
+// call; until then it catches up after it resumes. A watch created again on a new
 // stream meanwhile is, once the new stream confirms it, and so is one
 // created again from its next revision because its own was compacted just
 // past it. A watch created

@@ -1046,6 +1046,49 @@ func TestProgressWaitsForAFirstCreateSentBeforeIt(t *testing.T) {
 	require.Equal(t, int64(9), next(t, b).Revision)
 }
 
+// TestProgressWaitsForAResumeSentBeforeIt: a paused watch whose consumer
+// has caught up is created again from its next revision. A call that
+// began with that create in flight waits for it as for a first create
+// (etcd may answer before its created response, and holds the watch's
+// events until after it), and the watch gets the call's bookmark after
+// its events. Catches a call that returns R while a watch it began with,
+// resumed, has events <= R still to come, and never bookmarks it at R.
+func TestProgressWaitsForAResumeSentBeforeIt(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithClock(clock.NewFake()), etcdwatch.WithBufferLimit(2), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev <= 4; rev++ { // unread: paused at the limit
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("a", "v", rev)))
+	}
+	paused := w.ID()
+	require.Equal(t, paused, h.srv.RecvCancel(t), "paused")
+	h.srv.Send(t, ws.Canceled(paused))
+	for read := int64(0); read < 3; { // 2 and 3, perhaps joined: it resumes
+		read = next(t, w).Revision
+	}
+	resume := h.srv.RecvCreate(t) // sent, not answered yet
+	require.Equal(t, int64(4), resume.StartRevision)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 5)) // before the resume's created response
+	h.srv.Send(t, ws.Created(resume.WatchId, 5))
+	h.srv.Send(t, ws.Events(resume.WatchId, 5, ws.Put("a", "v", 5))) // one event: two would reach the limit, and pause it again
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest(), "asked again once the resume was answered")
+	select {
+	case r := <-got:
+		t.Fatalf("the call returned %v before the resumed watch was answered again", r)
+	default:
+	}
+	h.srv.Send(t, ws.Progress(-1, 5))
+	require.Equal(t, int64(5), recvProgress(t, got).rev)
+	var events []int64
+	for r := next(t, w); !r.IsProgress(); r = next(t, w) {
+		for _, e := range r.Events {
+			events = append(events, e.ModRevision)
+		}
+	}
+	require.Equal(t, []int64{5}, events, "the bookmark at 5 comes after the resumed watch's event")
+}
+
 // TestProgressAsksAgainOnceTheCreateIsAnswered: an answer that leaves a
 // call waiting only for a create not confirmed yet is not followed by
 // another request at once, which would get an answer that cannot cover
