@@ -3,7 +3,7 @@ package etcdwatch
 import "context"
 
 // command is what another goroutine asks of the dispatcher, through
-// Stream.cmds. handle runs in the dispatcher's goroutine. refuse answers a
+// lane.cmds. handle runs in the dispatcher's goroutine. refuse answers a
 // command the dispatcher will never handle, because it has stopped: it
 // tells whoever waits on the command why, or, for a command nobody waits
 // on, says in its doc why nothing is owed.

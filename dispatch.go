@@ -9,7 +9,8 @@ import (
 	"github.com/etcdwatch/etcdwatch/internal/ring"
 )
 
-// dispatcher owns all of a Stream's watch state. Only its run goroutine
+// dispatcher owns all of a lane's watch state (a Stream has one lane, and
+// one more for its isolated watches). Only its run goroutine
 // touches its fields, so none of them is locked. Its loop is one select;
 // each kind of message has one handler, and none of them blocks.
 type dispatcher struct {
@@ -20,12 +21,12 @@ type dispatcher struct {
 	clock clock.Clock
 
 	sess      *session        // the gRPC stream now; nil while waiting to reconnect
-	sessStart time.Time       // when sess was opened
+	sessStart time.Time       // when the last session started (connect); zero before the first
 	sessHeard bool            // the server has said something on sess
 	asked     bool            // a create has been sent on some stream, and the lane's state told (stateBox.ask)
 	heardAt   time.Time       // when the last burst of responses arrived, on any stream
 	discard   bool            // sess's answers cannot be matched: nothing more is read from it
-	downSince time.Time       // when the last stream that worked ended; zero while one works
+	downSince time.Time       // when the outage began (see handleSessionEnd); zero while a stream works
 	failed    error           // a failure reconnecting cannot fix; nil while the stream is usable
 	backoff   backoff         // delays between reconnections
 	retry     clock.Stoppable // fires to open the next session
@@ -74,7 +75,7 @@ func newDispatcher(l *lane, open opener) *dispatcher {
 }
 
 // run is the dispatcher's loop. It never blocks on anything but its select,
-// and returns when the Stream is closed.
+// and returns when the Stream is closed or the lane retired.
 func (d *dispatcher) run() {
 	d.connect()
 	defer d.shutdown()

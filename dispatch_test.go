@@ -343,7 +343,7 @@ func fuzzDispatcher(t *testing.T, script []byte) {
 	s.opts.bufferLimit = 4
 	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
 	d.releaseKnown = true // a release whose progress answers may be trusted
-	d.sess = startSession(d.open, nil)
+	d.sess = startSession(d.open, d.clock.Now, nil)
 	f := &fuzzServer{t: t, d: d, live: map[int64]string{}}
 	f.ctx, f.cancel = context.WithCancelCause(context.Background())
 	defer f.cancel(nil)
@@ -543,7 +543,7 @@ func TestStallRationUnbounded(t *testing.T) {
 func TestUnmatchedAnswerLeftInAnEndedStream(t *testing.T) {
 	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
 	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
-	d.sess = startSession(d.open, nil)
+	d.sess = startSession(d.open, d.clock.Now, nil)
 	ws := []*Watch{newWatch(d.l, Key("a"), 0, nil), newWatch(d.l, Key("b"), 1, nil)}
 	for _, w := range ws {
 		w.entry.created = make(chan created, 2)
@@ -588,7 +588,7 @@ func TestProgressRunsAhead(t *testing.T) {
 func TestDropUnsentLetsTheNextCreateGo(t *testing.T) {
 	s := &Stream{opts: defaultOptions(), closing: make(chan struct{})}
 	d := newDispatcher(testLane(s), func(ctx context.Context) (wireStream, error) { <-ctx.Done(); return nil, ctx.Err() })
-	d.sess = startSession(d.open, nil) // opening until shutdown
+	d.sess = startSession(d.open, d.clock.Now, nil) // opening until shutdown
 	d.pipeline.mode, d.pipeline.start = ownIDs, startProxied
 	a, b := newWatch(d.l, Key("a"), 0, nil), newWatch(d.l, Key("b"), 0, nil)
 	for _, w := range []*Watch{a, b} {

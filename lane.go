@@ -26,8 +26,8 @@ type lane struct {
 	state  stateBox
 }
 
-// startLane starts a lane's dispatcher; it exits at the Stream's Close,
-// which waits for it through exited.
+// startLane starts a lane's dispatcher; it exits at the Stream's Close, or
+// when the lane is retired, and Close waits for it through exited.
 func (s *Stream) startLane() *lane {
 	l := &lane{s: s, cmds: make(chan command, 64), done: make(chan struct{}), exited: make(chan struct{}), retire: make(chan struct{}), gone: ErrClosed}
 	l.state.st.Since = s.opts.clock.Now() // before the dispatcher starts
@@ -35,7 +35,7 @@ func (s *Stream) startLane() *lane {
 	if s.opts.requireLeader {
 		open = requireLeader(open)
 	}
-	d := newDispatcher(l, open)
+	d := newDispatcher(l, noteOpened(open, &l.state))
 	go func() { // exits at Close or when the lane is retired, after refusing what came too late; Close waits on exited
 		defer close(l.exited)
 		defer l.refuseLeft()

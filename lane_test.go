@@ -2,6 +2,7 @@ package etcdwatch_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
+	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
@@ -164,6 +166,56 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 	require.ErrorIs(t, recvResult(t, res).err, context.Canceled)
 	iso.Close(status.Error(codes.Unavailable, "member going away"))
 	h.await(func() bool { return !h.s.State().Connected }, "the isolated stream's end noticed")
+}
+
+// TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack: the same
+// Stream of isolated watches alone, opened while its member was down.
+// Once the member is back its main stream opens, though nothing is asked
+// of it, and the isolated stream's server answers: the Stream reads
+// connected. Catches the connection failure met by the main stream as it
+// first opened counting for ever: the Stream read disconnected until the
+// main stream's first liveness probe (30 s by default), or for ever
+// without the checks. Found by a review.
+func TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack(t *testing.T) {
+	server := ws.Start(t)
+	f := newFlaky(t, server)
+	f.refusing.Store(true) // down from the start
+	clk := clock.NewFake() // the liveness idle never passes
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the main stream never waited for a connection")
+	f.up()
+	server.Accept(t) // the main stream is open; nothing is asked of it
+	r := etcdwatch.Prefix("v/")
+	r.Isolated = true
+	res := watchAsync(context.Background(), s, r)
+	iso := server.Accept(t)
+	c := iso.RecvCreate(t)
+	iso.Send(t, ws.Created(c.WatchId, 5))
+	require.NoError(t, recvResult(t, res).err)
+	st := s.State()
+	require.True(t, st.Connected, "both streams open, the isolated one answering: %+v", st)
+	require.ErrorContains(t, st.LastError, "scripted", "the outage's error is kept")
+}
+
+// TestLastErrorKeptOnceTheIsolatedLaneIsReplaced: the isolated stream's
+// failure for good is the Stream's LastError, and stays it once the next
+// isolated watch has opened a new isolated stream, as a LastError is kept
+// after any stream is back. Catches the retired lane's error dropped with
+// it. Found by a review.
+func TestLastErrorKeptOnceTheIsolatedLaneIsReplaced(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(1<<10)))
+	h.watch(etcdwatch.Key("m"), 5)
+	v, iso := h.isolated(etcdwatch.Prefix("v/"), 5, nil)
+	iso.Send(t, ws.Events(v.ID(), 6, ws.Put("v/x", strings.Repeat("x", 2<<10), 6))) // past the limit: fails for good
+	require.ErrorIs(t, ended(t, v), etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.ResourceExhausted, status.Code(h.s.State().LastError))
+	h.isolated(etcdwatch.Prefix("w/"), 7, nil) // a new isolated stream, answered
+	st := h.s.State()
+	require.True(t, st.Connected)
+	require.Equal(t, codes.ResourceExhausted, status.Code(st.LastError), "the last error is gone: %+v", st)
 }
 
 // TestStateSinceStaysWhenTheIsolatedLaneJoins: State.Since is when

@@ -129,9 +129,10 @@ func (o *options) recvLimit() int {
 // WithReconnectBackoff sets the delays before replacing a gRPC stream that
 // failed before the server said anything on it: about min, doubling with
 // each such stream in a row up to max, jittered. A stream that worked (the
-// server answered, or it stayed up 10s) is replaced at once, at most once
-// per min; one refused for want of a leader (WithRequireLeader), after
-// 25-50ms. Default 100ms and 5s.
+// server answered, or it stayed open 10s, counted from when it opened, not
+// from when it began to wait for its connection) is replaced at once, at
+// most once per min; one refused for want of a leader
+// (WithRequireLeader), after 25-50ms. Default 100ms and 5s.
 func WithReconnectBackoff(min, max time.Duration) Option {
 	return func(o *options) { o.backoffMin, o.backoffMax = min, max }
 }

@@ -33,7 +33,7 @@ var (
 // the checks.
 func (d *dispatcher) connect() {
 	again := !d.sessStart.IsZero() // set by every connect
-	d.sess = startSession(d.open, d.s.hooks)
+	d.sess = startSession(d.open, d.clock.Now, d.s.hooks)
 	d.pipeline.opened() // the new stream may reach another server
 	d.sessStart, d.sessHeard = d.clock.Now(), false
 	d.live.arm(d.clock)
@@ -59,10 +59,11 @@ func (d *dispatcher) handleSessionEnd() {
 	}
 	d.sess.close()
 	unsent := d.sess.unsent()
+	now := d.clock.Now()
+	up := d.sess.upFor(now)
 	d.sess = nil
 	d.discard = false
 	d.live.Stop()
-	now := d.clock.Now()
 	d.l.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) && !d.refuseTooLarge(err, unsent) {
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
@@ -73,17 +74,18 @@ func (d *dispatcher) handleSessionEnd() {
 		return
 	}
 	end := streamEnd{
-		// A stream that said nothing worked if it stayed up a while (one
-		// without watches has nothing to say), but not one given up as
-		// silent: its liveness probe went unanswered.
-		worked:   d.sessHeard || (now.Sub(d.sessStart) >= healthyPeriod && !errors.Is(err, errSilent)),
+		// A stream that said nothing worked if it stayed open a while (one
+		// without watches has nothing to say), counted from when it opened,
+		// not from when it began to wait for its connection; but not one
+		// given up as silent: its liveness probe went unanswered.
+		worked:   d.sessHeard || (up >= healthyPeriod && !errors.Is(err, errSilent)),
 		noLeader: rpcerr.NoLeader(err),
 	}
-	if end.worked {
-		d.downSince = now
-		if d.sessHeard {
-			d.downSince = d.heardAt // the watches have heard nothing since: a silent stream counts from then
-		}
+	switch {
+	case end.worked && d.sessHeard:
+		d.downSince = d.heardAt // the watches have heard nothing since: a silent stream counts from then
+	case end.worked && d.downSince.IsZero():
+		d.downSince = now // else an outage is under way, and counts from its start
 	}
 	delay := d.backoff.next(now, end)
 	d.s.stats.reconnects.Add(1)
@@ -376,10 +378,11 @@ func (h *connHurry) arm(c clock.Clock) {
 }
 
 // handleHurryTick resets the connection's backoff if the stream still waits
-// for it, and keeps watching until the stream has heard from the server.
+// for it, and keeps watching until the stream has opened: the connection is
+// up then, and a stream that ends after is followed by a new watch.
 func (d *dispatcher) handleHurryTick() {
 	h := &d.hurry
-	if d.sess == nil || d.sessHeard {
+	if d.sess == nil || d.sessHeard || d.sess.isOpen() {
 		h.Stop()
 		return
 	}

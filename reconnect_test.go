@@ -1102,3 +1102,85 @@ func TestIdleStreamConnectedAgainAfterReconnect(t *testing.T) {
 	require.Equal(t, probe.WatchId, h.srv.RecvCancel(t))
 	require.Zero(t, h.s.Stats().Watches, "probes are not watches")
 }
+
+// TestOutageCountsFromTheLastMessageHeard: the "watch stream back" log
+// says how long the watches were down, from the last message heard. A
+// stream in the middle of the outage that never answered, though open for
+// longer than a stream needs to count as having worked, does not restart
+// that count. Found by a review.
+func TestOutageCountsFromTheLastMessageHeard(t *testing.T) {
+	var logs logRecorder
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithClock(clk), etcdwatch.WithLogger(slog.New(&logs)),
+		etcdwatch.WithReconnectBackoff(time.Second, time.Second))
+	h.watch(etcdwatch.Key("a"), 3) // the last message heard: now
+	h.cut()                        // the stream that worked ends; the next goes at once
+	h.srv.RecvCreate(t)            // never answered: a hung member
+	clk.Advance(15 * time.Second)  // open past 10 s, short of the liveness idle
+	h.srv.Close(status.Error(codes.Unavailable, "member going away"))
+	h.srv = h.server.Accept(t)
+	c := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(c.WatchId, 3))
+	h.await(func() bool { return logs.count("INFO etcdwatch: watch stream back") == 1 })
+	require.Equal(t, 1, logs.count("INFO etcdwatch: watch stream back down=15s"), "%q", logs.all())
+}
+
+// TestStreamOpenedAfterAWaitForItsConnectionDidNotWork: a stream worked if
+// the server answered on it, or it stayed open 10 s. One that waited 15 s
+// for its connection, opened, and was ended at once before it answered was
+// open for no time: the next stream waits its backoff. Catches the 10 s
+// counted from when the stream began to wait: the next went at once, its
+// backoff reset. Found by a review.
+func TestStreamOpenedAfterAWaitForItsConnectionDidNotWork(t *testing.T) {
+	server := ws.Start(t)
+	f := newFlaky(t, server)
+	clk := clock.NewFake()
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk), etcdwatch.WithReconnectBackoff(time.Second, time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	res := watchAsync(context.Background(), s, etcdwatch.Key("a"))
+	srv := server.Accept(t)
+	c := srv.RecvCreate(t)
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	require.NoError(t, recvResult(t, res).err)
+	f.down() // the stream that worked ends; the next waits for a connection
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the new stream never waited for a connection")
+	clk.Advance(15 * time.Second) // waiting, not open
+	f.up()
+	srv = server.Accept(t)
+	srv.RecvCreate(t)
+	srv.Close(status.Error(codes.Unavailable, "member going away")) // before answering anything
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, ok := clk.AwaitArmedIn(ctx, 500*time.Millisecond, time.Second)
+	require.True(t, ok, "the stream after one that never answered went without its backoff; armed %v, reconnects %d",
+		clk.Armed(), s.Stats().Reconnects)
+}
+
+// TestHurryStopsOnceTheStreamIsOpen: the connection hurry (every 100 ms,
+// WithConnectRetry) is for a stream waiting for its connection. A stream
+// that is open but has nothing to say (no watches, or the main stream of
+// views alone), with the liveness checks off, does not keep it ticking.
+// Catches a dispatcher woken ten times a second for ever. Found by a
+// review.
+func TestHurryStopsOnceTheStreamIsOpen(t *testing.T) {
+	server := ws.Start(t)
+	clk := clock.NewFake()
+	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithClock(clk), etcdwatch.WithLiveness(0, 0))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	server.Accept(t) // the stream is open: the connection is up
+	for range 50 {
+		if len(clk.Armed()) == 0 {
+			return
+		}
+		clk.Advance(100 * time.Millisecond)
+		// The tick waits in the timer's channel: each Settle is one more
+		// turn of the dispatcher's select, which takes it with odds 1/2.
+		for range 30 {
+			etcdwatch.Settle(t, s, wait)
+		}
+	}
+	t.Fatalf("the hurry still ticks every 100 ms after 50 ticks: armed %v", clk.Armed())
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -74,6 +75,18 @@ type grpcStream struct{ grpc.ClientStream }
 func (g grpcStream) Send(r *wireRequest) error  { return g.SendMsg(r) }
 func (g grpcStream) Recv(r *wireResponse) error { return g.RecvMsg(r) }
 
+// noteOpened records in b each stream open opens: the failures met while
+// it waited for its connection are over.
+func noteOpened(open opener, b *stateBox) opener {
+	return func(ctx context.Context) (wireStream, error) {
+		ws, err := open(ctx)
+		if err == nil {
+			b.opened()
+		}
+		return ws, err
+	}
+}
+
 // requireLeader makes the server refuse and end streams while it has no leader.
 func requireLeader(open opener) opener {
 	return func(ctx context.Context) (wireStream, error) {
@@ -93,7 +106,11 @@ type session struct {
 	send   chan []wireRequest // dispatcher -> sendLoop
 	dead   chan struct{}      // closed by exit
 	opened chan struct{}      // closed by recvLoop once the stream is open
+	now    func() time.Time   // the dispatcher's clock
 	err    error              // why the session ended; read after dead is closed
+	// openedAt is when the stream opened: written by recvLoop before it
+	// closes opened; zero if it never did.
+	openedAt time.Time
 	// sendLoop's, read after close (unsent): the request Send failed for,
 	// and how.
 	refused    wireRequest
@@ -122,7 +139,7 @@ const (
 	bigMessage     = 64 << 10
 )
 
-func startSession(open opener, h *hooks) *session {
+func startSession(open opener, now func() time.Time, h *hooks) *session {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	s := &session{
 		ctx:    ctx,
@@ -132,6 +149,7 @@ func startSession(open opener, h *hooks) *session {
 		send:   make(chan []wireRequest),
 		dead:   make(chan struct{}),
 		opened: make(chan struct{}),
+		now:    now,
 		hooks:  h,
 	}
 	s.wg.Add(1)
@@ -163,6 +181,15 @@ func (s *session) isOpen() bool {
 	}
 }
 
+// upFor returns how long the session's stream had been open at now: 0 if
+// it never opened. Called after close.
+func (s *session) upFor(now time.Time) time.Duration {
+	if s.openedAt.IsZero() {
+		return 0
+	}
+	return now.Sub(s.openedAt)
+}
+
 // close ends the session, if it is still running, and waits for its goroutines.
 func (s *session) close() {
 	s.exit(ErrClosed)
@@ -185,6 +212,7 @@ func (s *session) recvLoop(open opener) error {
 	if err != nil {
 		return err
 	}
+	s.openedAt = s.now()
 	close(s.opened)
 	s.wg.Add(1)
 	go func() { // exits when a Send fails or ctx ends; waited for in close
@@ -259,7 +287,7 @@ func (s *session) took(n int) {
 	}
 }
 
-// sendLoop writes batches until ctx ends. A Send that fails with io.EOF means
+// sendLoop writes batches until ctx ends or a Send fails. A Send that fails with io.EOF means
 // the stream is gone; Recv then reports why, so sendLoop returns nil for it.
 func (s *session) sendLoop(ws wireStream) error {
 	for {

@@ -42,7 +42,7 @@ func TestReadAheadIsBoundedInBytes(t *testing.T) {
 	s := startSession(func(context.Context) (wireStream, error) {
 		<-opened // b.s is set first
 		return b, nil
-	}, &hooks{on: func(p hook) {
+	}, time.Now, &hooks{on: func(p hook) {
 		if p == hookReceived {
 			handed <- struct{}{}
 		}
@@ -98,7 +98,7 @@ func (s *refusingSend) Send(*wireRequest) error {
 func sendRefused(st *refusingSend) *session {
 	st.sending = make(chan struct{})
 	ready := make(chan struct{})
-	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, nil)
+	s := startSession(func(context.Context) (wireStream, error) { <-ready; return st, nil }, time.Now, nil)
 	st.sess = s
 	close(ready)
 	<-s.opened

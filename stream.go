@@ -37,6 +37,7 @@ type Stream struct {
 	mu       sync.Mutex
 	isolated *lane       // the isolated watches'; nil until the first; guarded by mu
 	retired  []*lane     // isolated lanes that failed for good and were replaced, perhaps still exiting; guarded by mu
+	lastGone State       // the latest LastError of the isolated lanes retired, which State keeps; guarded by mu
 	release  *versionCmd // what probeRelease learned, for lanes opened after; guarded by mu
 	closed   bool        // Close has begun: no lane opens; guarded by mu
 }
@@ -352,9 +353,11 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // isolated watch (a view's), only a failure of its own counts, so that
 // opening a view does not read as a disconnection. Likewise the main
 // stream while nothing has been asked of it (a Stream of views alone): it
-// counts by its failures only, and the isolated stream says whether the
-// server answers; from its first create on, it counts as any lane. An
-// isolated lane that failed for good counts by its error only. A Stream
+// counts by its failures only, those before its stream opened being over
+// then, and the isolated stream says whether the server answers; from its
+// first create on, it counts as any lane. An isolated lane that failed for
+// good counts by its error only, which stays LastError once the next
+// isolated watch has opened a new one, until a later error. A Stream
 // with no watches at all reads disconnected until its server first
 // answers: its first watch, or the liveness probe (WithLiveness) of an
 // idle stream.
@@ -367,7 +370,7 @@ func (s *Stream) State() State {
 			st = laterError(st, ist)
 		case opening:
 		case mainOpening && !mainAsked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
-			st = ist
+			st = laterError(ist, st) // but an error that kept the main stream from opening is kept
 		case st.Connected && ist.Connected && ist.LastError == nil:
 			// It joined, answered after the main one, and has not gone down
 			// since: no change of Connected, so not of Since.
@@ -375,7 +378,10 @@ func (s *Stream) State() State {
 			st = combine(st, ist)
 		}
 	}
-	return st
+	s.mu.Lock()
+	gone := s.lastGone
+	s.mu.Unlock()
+	return laterError(st, gone)
 }
 
 // stateOf is the State that explains a wait for the watches ws: that of
@@ -419,7 +425,9 @@ func (s *Stream) Close() error {
 // refused with its failure. Close waits for the lanes retired and not yet
 // exited. Called with mu held.
 func (s *Stream) retire(l *lane) {
-	l.gone = l.state.get().Failed
+	st := l.state.get()
+	l.gone = st.Failed
+	s.lastGone = laterError(s.lastGone, st)
 	close(l.retire)
 	s.retired = append(slices.DeleteFunc(s.retired, func(l *lane) bool {
 		select {
