@@ -52,9 +52,11 @@ type progressResult struct {
 //
 // Answers cannot be matched to requests: etcd 3.6+ drops a request it cannot
 // answer yet, and older servers answer late. So a call that joins while a
-// request is in flight waits for the next request, sent when an answer comes
-// or the retry timer fires; and an answer below the highest revision the
-// stream had seen when a call began is too old for that call, which waits on.
+// request is in flight waits for the next request, sent when an answer
+// comes (when the calls left wait only for a create in flight, once it is
+// answered) or the retry timer fires; and an answer below the highest
+// revision the stream had seen when a call began is too old for that call,
+// which waits on.
 type progressState struct {
 	retry    progressRetry
 	waiting  []*progressWaiter // covered by the request in flight
@@ -166,8 +168,10 @@ func (d *dispatcher) handleProgressRequest(p *progressWaiter) {
 	}
 }
 
-// handleStreamProgress takes a stream-wide progress response (id -1): every
-// active watch gets a bookmark, and waiting RequestProgress calls the revision.
+// handleStreamProgress takes a stream-wide progress response (id -1): the
+// active watches it covers, or that have every event up to it already
+// (caughtUp), get a bookmark, and the RequestProgress calls it answers the
+// revision.
 func (d *dispatcher) handleStreamProgress(resp *wireResponse) {
 	if d.progressUnsafe != nil {
 		return // an answer to a request sent before the release was known: it may run ahead

@@ -158,8 +158,9 @@ func (c *core[T]) reach(ctx context.Context, rev int64) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, progressWait)
 		err := c.await(wctx, atLeast[T](rev))
+		waited := wctx.Err() != nil // before cancel, which ends it too
 		cancel()
-		if err == nil || ctx.Err() != nil || wctx.Err() == nil {
+		if err == nil || ctx.Err() != nil || !waited {
 			return err // reached, or ctx or the state ended
 		}
 		if _, err := c.freshen(ctx); err != nil {
@@ -181,9 +182,11 @@ func (c *core[T]) pause(ctx context.Context, rev int64) error {
 	return err
 }
 
-// freshen returns a revision at least that of a linearizable read made
-// now, which the view will reach having applied every change of its range
-// up to it: by progress on the view's watch, or by a read. Progress that
+// freshen returns a revision which the view will reach having applied
+// every change of its range up to it: by progress on the view's watch (the
+// member's revision when it answered, at least the highest the Stream had
+// seen; callers compare it with what they need), or by a read (that of a
+// linearizable read made now). Progress that
 // fails in any way (no answer within progressWait; ErrNoWatches, while a
 // relist has no watch yet; the release refusing it, from then on) leaves
 // it to the read, whose own errors are the call's.
