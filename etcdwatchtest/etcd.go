@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/types"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -45,8 +46,10 @@ type Server struct {
 	peers []*Server  // every member of the cluster, this one included; set before the constructor returns
 	life  sync.Mutex // held by Stop and Restart throughout
 
-	mu   sync.Mutex
-	etcd *embed.Etcd // nil while stopped
+	mu       sync.Mutex
+	etcd     *embed.Etcd // nil while stopped
+	id       types.ID    // the member's ID, set at first start; stable across restarts
+	isolated bool        // between Isolate and Rejoin
 }
 
 // StartEtcd starts a single member with its data in t.TempDir() and waits
@@ -142,6 +145,7 @@ func startCluster(dir string, n int, opts []Option) ([]*Server, error) {
 			return nil, fmt.Errorf("etcdwatchtest: start member %s: %w", m.Name, err)
 		}
 		m.etcd = e
+		m.id = e.Server.MemberID()
 	}
 	for _, m := range members {
 		if err := waitReady(m.Name, m.etcd); err != nil {
@@ -241,7 +245,13 @@ func (s *Server) Restart() error {
 	}
 	s.mu.Lock()
 	s.etcd = e
+	self := s.isolated
 	s.mu.Unlock()
+	for _, p := range s.peers { // isolation outlasts a restart, of either side
+		if p != s && (self || p.isIsolated()) {
+			e.Server.CutPeer(p.id)
+		}
+	}
 	return waitReady(s.Name, e)
 }
 
@@ -268,32 +278,48 @@ func (s *Server) HasLeader() bool {
 // steps down, and the rest elect another. The others keep serving if they
 // are a quorum. Isolating an isolated member does nothing more.
 //
-// Isolation lasts until Rejoin. A restart undoes it only in part: the
-// restarted member drops nothing itself, while the others still drop what
-// they would send it; call Rejoin after a restart.
+// Isolation lasts until Rejoin, whatever happens meanwhile: a member or a
+// peer stopped then is cut off as it restarts (as it starts, before the cut
+// is made again, a message or two may pass), and Rejoin of another member
+// leaves this one isolated.
 func (s *Server) Isolate() { s.partition(true) }
 
-// Rejoin undoes Isolate: the member and its running peers send each other
-// their raft messages again, and it rejoins the cluster (a follower that
-// lost its leader finds it at the leader's next heartbeat).
+// Rejoin undoes Isolate: the member and its peers send each other their
+// raft messages again, but for peers still isolated themselves, and it
+// rejoins the cluster (a follower that lost its leader finds it at the
+// leader's next heartbeat).
 func (s *Server) Rejoin() { s.partition(false) }
 
+func (s *Server) isIsolated() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.isolated
+}
+
 func (s *Server) partition(cut bool) {
+	s.mu.Lock()
+	s.isolated = cut
+	s.mu.Unlock()
 	e := s.running()
-	if e == nil {
-		return
-	}
 	for _, p := range s.peers {
-		pe := p.running()
-		if p == s || pe == nil {
+		if p == s {
 			continue
 		}
+		pe := p.running()
 		if cut {
-			e.Server.CutPeer(pe.Server.MemberID())
-			pe.Server.CutPeer(e.Server.MemberID())
-		} else {
-			e.Server.MendPeer(pe.Server.MemberID())
-			pe.Server.MendPeer(e.Server.MemberID())
+			if e != nil {
+				e.Server.CutPeer(p.id) // a stopped peer too: it is cut when it comes back
+			}
+			if pe != nil {
+				pe.Server.CutPeer(s.id)
+			}
+		} else if !p.isIsolated() {
+			if e != nil {
+				e.Server.MendPeer(p.id)
+			}
+			if pe != nil {
+				pe.Server.MendPeer(s.id)
+			}
 		}
 	}
 }

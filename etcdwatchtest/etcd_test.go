@@ -179,6 +179,83 @@ func TestIsolate(t *testing.T) {
 	require.Equal(t, "v", get(t, memberConn(t, victim), "isolated"))
 }
 
+// TestIsolateOutlastsAPeersRestart: a member isolated while a peer was
+// stopped stays cut off from that peer once it restarts, and once it leads.
+// Catches the partition made only between running members: the restarted
+// peer's heartbeats reached the isolated member, which had a leader again.
+// Found by a review.
+func TestIsolateOutlastsAPeersRestart(t *testing.T) {
+	members := etcdwatchtest.StartCluster(t, 3)
+	_, isolated, stopped := roles(t, members)
+	stopped.Stop()
+	isolated.Isolate()
+	require.Eventually(t, func() bool { return !isolated.HasLeader() }, wait, 10*time.Millisecond, "the isolated member kept its leader")
+	require.NoError(t, stopped.Restart()) // with the leader it is a quorum
+	lead(t, members, stopped)
+	require.Never(t, isolated.HasLeader, 2*time.Second, 10*time.Millisecond,
+		"the isolated member has a leader: the restarted peer is not cut off from it")
+}
+
+// TestRejoinLeavesAnotherMemberIsolated: with two members isolated, Rejoin
+// of one leaves the other cut off, from it too. Catches Rejoin mending
+// every link of the member, that to the member still isolated included,
+// which then had a leader once the rejoined member led. Found by a review.
+func TestRejoinLeavesAnotherMemberIsolated(t *testing.T) {
+	members := etcdwatchtest.StartCluster(t, 3)
+	_, first, second := roles(t, members)
+	first.Isolate()
+	second.Isolate()
+	require.Eventually(t, func() bool { return !second.HasLeader() }, wait, 10*time.Millisecond, "the isolated member kept its leader")
+	first.Rejoin()
+	lead(t, members, first)
+	require.Never(t, second.HasLeader, 2*time.Second, 10*time.Millisecond,
+		"the member still isolated has a leader: Rejoin of another member reconnected it")
+}
+
+// roles returns the leader of members, a 3-member cluster, and the two
+// others.
+func roles(t *testing.T, members []*etcdwatchtest.Server) (leader, a, b *etcdwatchtest.Server) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		leader, a, b = nil, nil, nil
+		for _, m := range members {
+			switch {
+			case m.IsLeader():
+				leader = m
+			case a == nil:
+				a = m
+			default:
+				b = m
+			}
+		}
+		return leader != nil && b != nil
+	}, wait, 10*time.Millisecond, "no leader")
+	return leader, a, b
+}
+
+// lead makes m the leader of members once they have one.
+func lead(t *testing.T, members []*etcdwatchtest.Server, m *etcdwatchtest.Server) {
+	t.Helper()
+	var now *etcdwatchtest.Server
+	require.Eventually(t, func() bool {
+		for _, x := range members {
+			if x.IsLeader() {
+				now = x
+				return true
+			}
+		}
+		return false
+	}, wait, 10*time.Millisecond, "no leader")
+	if now == m {
+		return
+	}
+	st, err := pb.NewMaintenanceClient(memberConn(t, m)).Status(testContext(t), &pb.StatusRequest{})
+	require.NoError(t, err)
+	_, err = pb.NewMaintenanceClient(memberConn(t, now)).MoveLeader(testContext(t), &pb.MoveLeaderRequest{TargetID: st.Header.MemberId})
+	require.NoError(t, err)
+	require.Eventually(t, m.IsLeader, wait, 10*time.Millisecond, "%s does not lead", m.Name)
+}
+
 // TestOption: an Option changes the member's configuration, here to accept
 // a request larger than etcd's default limit of 1.5 MiB.
 func TestOption(t *testing.T) {
