@@ -6,6 +6,7 @@ import (
 	"iter"
 	"unicode/utf8"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -29,11 +30,16 @@ type wireResponse struct {
 	size            int // of the message, for the session's read-ahead bound
 }
 
-// GetCanceled and GetCancelReason are the getters of etcd's generated
-// WatchResponse, so that a stream interceptor on the connection (package dial's
-// auth, say) reads a Stream's responses as it reads the generated client's.
+// GetCanceled, GetCancelReason and GetHeader are the getters of etcd's
+// generated WatchResponse, so that a stream interceptor on the connection
+// (package dial's auth, say) reads a Stream's responses as it reads the
+// generated client's.
 func (r *wireResponse) GetCanceled() bool       { return r.Canceled }
 func (r *wireResponse) GetCancelReason() string { return r.CancelReason }
+func (r *wireResponse) GetHeader() *pb.ResponseHeader {
+	h := r.Header
+	return &pb.ResponseHeader{ClusterId: h.ClusterID, MemberId: h.MemberID, RaftTerm: h.RaftTerm, Revision: h.Revision}
+}
 
 // Field numbers of the messages in etcd's rpc.proto and kv.proto.
 const (

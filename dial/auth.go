@@ -31,8 +31,13 @@ var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
 // replaced by a new one on the next RPC. So a Stream's watches carry on
 // across token expiry: the create that met the old token is tried once
 // more on a new stream, which carries the new token, and every other watch
-// resumes on it from its next revision, nothing lost. A unary RPC refused
-// for its token is tried once more with a new one. An RPC that waits for a
+// resumes on it from its next revision, nothing lost. A token no RPC has
+// been served with yet, refused by a member other than the one that issued
+// it, is kept: that member has yet to apply it (etcd numbers a simple token
+// by the consistent index, which can be behind the entry that issued it),
+// and a new token could meet the same race; the Watch stream then fails as
+// Unavailable, to be opened again with it (at most 10 times a token). A
+// unary RPC refused for its token is tried once more with a new one. An RPC that waits for a
 // ready connection (grpc.WaitForReady, given to the call or as a default
 // call option through WithGRPCOptions) waits for its token likewise: the
 // Authenticate made for it is tried again, each time the connection is
@@ -88,7 +93,13 @@ type tokenAuth struct {
 	failedAt time.Time  // when the last Authenticate failed (not cut short by its caller)
 	refused  *authError // the server refused the user or password: final, every RPC gets it
 	tries    uint64     // Authenticate calls made so far
-	shared   error      // the last one's failure, for the callers that waited for it (nil: it succeeded, its own caller's context ended, or it failed for a reason of its own call, not passing)
+	// accepted: an RPC carrying token has been served. A token refused
+	// before that, by a member that did not issue it, is one that member
+	// has yet to apply (see refusedFresh).
+	accepted bool
+	issuer   uint64 // the member that issued token (its Authenticate's header), 0 if not known
+	fresh    int    // refusals of token taken as a member's lag so far
+	shared   error  // the last one's failure, for the callers that waited for it (nil: it succeeded, its own caller's context ended, or it failed for a reason of its own call, not passing)
 }
 
 // current returns the token if it may be used, or the final refusal of the
@@ -180,7 +191,7 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 			return "", status.FromContextError(ctx.Err()).Err()
 		}
 	}
-	tok, err := a.authenticate(ctx, cc)
+	tok, issuer, err := a.authenticate(ctx, cc)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.tries++
@@ -199,24 +210,62 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 		return "", err
 	}
 	a.token, a.known = tok, true
+	a.accepted, a.issuer, a.fresh = false, issuer, 0
 	return tok, nil
+}
+
+// maxFreshRefusals bounds how often one token, never yet accepted, is
+// taken to be refused for a member's lag rather than for itself.
+const maxFreshRefusals = 10
+
+// accept records that an RPC carrying tok was served.
+func (a *tokenAuth) accept(tok string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.known && a.token == tok {
+		a.accepted = true
+	}
+}
+
+// refusedFresh reports whether member's refusal of tok, for reason, is
+// that member's lag: tok is the current token, no RPC carrying it has been
+// served yet, and a member other than the one that issued it refused it.
+// etcd numbers a simple token by the consistent index, which can be behind
+// the entry that issued it: a member that has applied the one but not the
+// other refuses the token as invalid, though it will accept it once it has
+// applied its entry (the issuer has, before it answered Authenticate).
+// Such a token is kept, and the stream that met the refusal fails as
+// Unavailable, to be opened again, rather than the create being refused:
+// a new token would meet the same race on the next member.
+func (a *tokenAuth) refusedFresh(tok, reason string, member uint64) bool {
+	if !rpcerr.TokenUnknown(reason) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.known || a.token != tok || tok == "" || a.accepted || a.fresh >= maxFreshRefusals ||
+		member == 0 || a.issuer == 0 || member == a.issuer {
+		return false
+	}
+	a.fresh++
+	return true
 }
 
 // authenticate asks the server for a new token, failing fast without a
 // ready connection. A refusal of the user or password is an *authError;
 // other errors (no connection, no leader) are returned as they are, for
 // the caller to try again.
-func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, error) {
+func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (string, uint64, error) {
 	actx, cancel := context.WithTimeout(ctx, authTimeout)
 	defer cancel()
 	resp, err := pb.NewAuthClient(cc).Authenticate(actx, &pb.AuthenticateRequest{Name: a.user, Password: a.password}, grpc.WaitForReady(false))
 	switch {
 	case err == nil:
-		return resp.Token, nil
+		return resp.Token, resp.GetHeader().GetMemberId(), nil
 	case errors.Is(rpctypes.Error(err), rpctypes.ErrAuthNotEnabled):
-		return "", nil
+		return "", 0, nil
 	case ctx.Err() != nil: // the caller's own context ended: its RPC's own error
-		return "", status.FromContextError(ctx.Err()).Err()
+		return "", 0, status.FromContextError(ctx.Err()).Err()
 	}
 	// Only a wrong user or password is a refusal (etcd's ErrAuthFailed,
 	// InvalidArgument). FailedPrecondition is what a learner, or a member
@@ -226,9 +275,9 @@ func (a *tokenAuth) authenticate(ctx context.Context, cc *grpc.ClientConn) (stri
 	// own, the application's per-RPC credentials having failed, and says
 	// nothing of the password.
 	if rpcerr.Final(err) && status.Code(err) != codes.Unauthenticated {
-		return "", &authError{user: a.user, reason: status.Convert(err).Message()}
+		return "", 0, &authError{user: a.user, reason: status.Convert(err).Message()}
 	}
-	return "", unauthenticated(a.user, err)
+	return "", 0, unauthenticated(a.user, err)
 }
 
 // invalidate drops tok, if it is still the current token, after the
@@ -253,6 +302,9 @@ func (a *tokenAuth) unary(ctx context.Context, method string, req, reply any, cc
 			return err
 		}
 		err = invoker(withToken(ctx, tok), method, req, reply, cc, opts...)
+		if err == nil {
+			a.accept(tok)
+		}
 		if err == nil || retried || !refusedToken(status.Convert(err).Message(), tok) {
 			return err
 		}
@@ -268,14 +320,16 @@ func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 	if err != nil {
 		return nil, err
 	}
-	cs, err := streamer(withToken(ctx, tok), desc, cc, method, opts...)
+	sctx, cancel := context.WithCancel(ctx) // ends the stream whose refusal RecvMsg turns into an error
+	cs, err := streamer(withToken(sctx, tok), desc, cc, method, opts...)
 	if err != nil {
+		cancel()
 		if refusedToken(status.Convert(err).Message(), tok) {
 			a.invalidate(tok)
 		}
 		return cs, err
 	}
-	return &tokenStream{ClientStream: cs, auth: a, token: tok}, nil
+	return &tokenStream{ClientStream: cs, auth: a, token: tok, cancel: cancel}, nil
 }
 
 // tokenStream is a stream that drops its token from the connection when
@@ -284,8 +338,10 @@ func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 // next listing) authenticates afresh.
 type tokenStream struct {
 	grpc.ClientStream
-	auth  *tokenAuth
-	token string
+	auth   *tokenAuth
+	token  string
+	served bool   // a response other than a refusal of token came: token accepted
+	cancel func() // ends the stream: once RecvMsg has returned an error, the stream's own or one of its making
 }
 
 // canceledResponse is a Watch response read through the getters of etcd's
@@ -293,19 +349,32 @@ type tokenStream struct {
 type canceledResponse interface {
 	GetCanceled() bool
 	GetCancelReason() string
+	GetHeader() *pb.ResponseHeader
 }
 
 func (s *tokenStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	var reason string
+	var member uint64 // the member that refused, from the response's header
 	if r, ok := m.(canceledResponse); ok && r.GetCanceled() {
-		reason = r.GetCancelReason()
+		reason, member = r.GetCancelReason(), r.GetHeader().GetMemberId()
 	}
 	if err != nil {
 		reason = status.Convert(err).Message()
 	}
-	if reason != "" && refusedToken(reason, s.token) {
+	switch {
+	case reason != "" && refusedToken(reason, s.token):
+		if err == nil && s.auth.refusedFresh(s.token, reason, member) {
+			s.cancel() // the stream is not over for gRPC: its caller's error must end it
+			return status.Error(codes.Unavailable, "etcdwatch: the member has yet to apply the token it refused ("+reason+")")
+		}
 		s.auth.invalidate(s.token)
+	case err == nil && !s.served: // once per stream: not a lock per response
+		s.served = true
+		s.auth.accept(s.token)
+	}
+	if err != nil {
+		s.cancel() // over: its context is let go of
 	}
 	return err
 }

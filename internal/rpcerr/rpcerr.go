@@ -96,13 +96,25 @@ var reasons = []struct {
 	kind     Kind
 }{
 	{"permission denied", PermissionDenied},
-	{"invalid auth token", Unauthenticated},
+	{invalidToken, Unauthenticated},
 	{"revision of auth store is old", Unauthenticated},
 	{"user name is empty", NoUser},
 	{"range is empty", InvalidRequest},
 	{"duplicate watch id", InvalidRequest},
 	{"compacted", Compacted},            // etcd 3.7 refuses a negative start revision so
 	{"larger than max", InvalidRequest}, // gRPC's size limit, for a create the server refused as too large (Sizes)
+}
+
+// invalidToken is etcd's ErrInvalidAuthToken: the member does not know the
+// token it was given.
+const invalidToken = "invalid auth token"
+
+// TokenUnknown reports whether reason says that the member does not know
+// the token it was given (an Unauthenticated reason): one that expired,
+// that it never issued, or whose Authenticate it has yet to apply. It is
+// not said of a token older than the auth store.
+func TokenUnknown(reason string) bool {
+	return strings.Contains(strings.ToLower(reason), invalidToken)
 }
 
 // Classify returns what a cancel reason (or any error text of the server)
