@@ -24,6 +24,7 @@ type dispatcher struct {
 	sessStart time.Time       // when the last session started (connect); zero before the first
 	sessHeard bool            // the server has said something on sess
 	asked     bool            // a create has been sent on some stream, and the lane's state told (stateBox.ask)
+	firstOpen bool            // sess is the lane's first stream, not yet open: see handleOpened
 	heardAt   time.Time       // when the last burst of responses arrived, on any stream
 	discard   bool            // sess's answers cannot be matched: nothing more is read from it
 	downSince time.Time       // when the outage began (see handleSessionEnd); zero while a stream works
@@ -81,12 +82,16 @@ func (d *dispatcher) run() {
 	defer d.shutdown()
 	for {
 		var (
-			recv <-chan wireResponse
-			send chan<- []wireRequest
-			dead <-chan struct{}
+			recv   <-chan wireResponse
+			send   chan<- []wireRequest
+			dead   <-chan struct{}
+			opened <-chan struct{}
 		)
 		if d.sess != nil {
 			dead = d.sess.dead
+			if d.firstOpen {
+				opened = d.sess.opened
+			}
 			if d.reading() {
 				recv = d.sess.recv
 			}
@@ -104,6 +109,8 @@ func (d *dispatcher) run() {
 			d.drainResponses(recv)
 		case send <- d.outbox:
 			d.clearOutbox()
+		case <-opened:
+			d.handleOpened()
 		case <-dead:
 			d.handleSessionEnd()
 			d.s.hooks.at(hookStreamEnd)

@@ -170,12 +170,12 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 
 // TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack: the same
 // Stream of isolated watches alone, opened while its member was down.
-// Once the member is back its main stream opens, though nothing is asked
-// of it, and the isolated stream's server answers: the Stream reads
-// connected. Catches the connection failure met by the main stream as it
-// first opened counting for ever: the Stream read disconnected until the
-// main stream's first liveness probe (30 s by default), or for ever
-// without the checks. Found by a review.
+// Once the member is back its main stream opens, and the isolated stream's
+// server answers: the Stream reads connected. Catches the connection
+// failure met by the main stream as it first opened counting for ever:
+// the Stream read disconnected until the main stream's first liveness
+// probe (30 s by default), or for ever without the checks. Found by a
+// review.
 func TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack(t *testing.T) {
 	server := ws.Start(t)
 	f := newFlaky(t, server)
@@ -187,7 +187,10 @@ func TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
 		wait, time.Millisecond, "the main stream never waited for a connection")
 	f.up()
-	server.Accept(t) // the main stream is open; nothing is asked of it
+	main := server.Accept(t) // the main stream is open, and probed (TestIdleFirstStreamOpenedAfterAnOutageIsProbed)
+	probe := main.RecvCreate(t)
+	main.Send(t, ws.Created(probe.WatchId, 5))
+	require.Equal(t, probe.WatchId, main.RecvCancel(t))
 	r := etcdwatch.Prefix("v/")
 	r.Isolated = true
 	res := watchAsync(context.Background(), s, r)

@@ -30,10 +30,12 @@ var (
 // liveness probe at once: nothing else would draw an answer from it, and
 // until one comes State says it is not connected (so a group, say, leaves
 // the Stream out) for as long as the liveness idle, or for ever without
-// the checks.
+// the checks. The lane's first stream is probed likewise once it opens, if
+// its connection failed meanwhile (handleOpened).
 func (d *dispatcher) connect() {
 	again := !d.sessStart.IsZero() // set by every connect
 	d.sess = startSession(d.open, d.clock.Now, d.s.hooks)
+	d.firstOpen = !again
 	d.pipeline.opened() // the new stream may reach another server
 	d.sessStart, d.sessHeard = d.clock.Now(), false
 	d.live.arm(d.clock)
@@ -41,6 +43,19 @@ func (d *dispatcher) connect() {
 	d.flushCreates()
 	d.resendProgress()
 	if again && d.pending.Len() == 0 {
+		d.sendProbe()
+	}
+}
+
+// handleOpened probes the lane's first stream once it has opened, if its
+// connection failed meanwhile and nothing else on it draws an answer, as a
+// stream that replaces one that ended is probed: so that State reads
+// connected once the server is back, rather than a liveness idle later
+// (never, with the checks off), and a group does not leave the Stream out
+// of its placement meanwhile.
+func (d *dispatcher) handleOpened() {
+	d.firstOpen = false
+	if !d.sessHeard && d.pending.Len() == 0 && d.toCreate.Len() == 0 && d.l.state.get().LastError != nil {
 		d.sendProbe()
 	}
 }
@@ -63,6 +78,7 @@ func (d *dispatcher) handleSessionEnd() {
 	up := d.sess.upFor(now)
 	d.sess = nil
 	d.discard = false
+	d.firstOpen = false
 	d.live.Stop()
 	d.l.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) && !d.refuseTooLarge(err, unsent) {

@@ -617,9 +617,11 @@ func TestAbandonedCreatesAreNotSent(t *testing.T) {
 	calls.Wait()
 	obs.Await(t, wait, func() bool { return s.Stats().Watches == 0 }, "abandoned watches still counted")
 
+	res := watchAsync(context.Background(), s, etcdwatch.Key("kept"))
+	obs.Await(t, wait, func() bool { return s.Stats().Watches == 1 })
+	etcdwatch.Settle(t, s, wait) // its create is queued: the stream has a create to send as it opens, and is not probed
 	up.Store(true)
 	srv := server.Accept(t)
-	res := watchAsync(context.Background(), s, etcdwatch.Key("kept"))
 	c := srv.RecvCreate(t)
 	require.Equal(t, "kept", string(c.Key), "an abandoned watch's create was sent")
 	srv.Send(t, ws.Created(c.WatchId, 1))
@@ -1183,4 +1185,31 @@ func TestHurryStopsOnceTheStreamIsOpen(t *testing.T) {
 		}
 	}
 	t.Fatalf("the hurry still ticks every 100 ms after 50 ticks: armed %v", clk.Armed())
+}
+
+// TestIdleFirstStreamOpenedAfterAnOutageIsProbed: a Stream without watches
+// opened while its member was down probes its first stream once the
+// member is back and the stream opens, as it probes a stream that replaces
+// one that ended, and reads connected once the probe is answered. Catches
+// the first stream left unasked: the Stream read disconnected until the
+// liveness idle (30 s by default), or for ever without the checks, and a
+// group read disconnected and left the Stream out of its placement
+// meanwhile. Found by a review of group.
+func TestIdleFirstStreamOpenedAfterAnOutageIsProbed(t *testing.T) {
+	server := ws.Start(t)
+	f := newFlaky(t, server)
+	f.refusing.Store(true)                                                 // down from the start
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clock.NewFake())) // the liveness idle never passes
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the stream never waited for a connection")
+	f.up()
+	srv := server.Accept(t)
+	probe := srv.RecvCreate(t)
+	require.Zero(t, probe.StartRevision, "a probe watches from now")
+	srv.Send(t, ws.Created(probe.WatchId, 3))
+	require.Eventually(t, func() bool { return s.State().Connected }, wait, time.Millisecond, "an idle Stream whose server answered reads connected")
+	require.Equal(t, probe.WatchId, srv.RecvCancel(t))
+	require.Zero(t, s.Stats().Watches, "probes are not watches")
 }

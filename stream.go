@@ -173,14 +173,16 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	if ctx == nil {
 		panic(fmt.Sprintf("%v: a watch with a nil Context", ErrInvalidArgument)) // before it counts
 	}
+	// Counted from here, at once, before the requests are checked, so that
+	// a group placing watches by Stats sees them as soon as it has handed
+	// them over (see group's placed).
+	s.stats.watches.Add(int64(len(rs)))
 	for i, r := range rs {
 		if err := r.Validate(); err != nil {
+			s.stats.watches.Add(-int64(len(rs)))
 			return nil, i, err
 		}
 	}
-	// Counted from here, at once, so that a group placing watches by Stats
-	// sees them as soon as it has handed them over (see group's placed).
-	s.stats.watches.Add(int64(len(rs)))
 	if err := context.Cause(ctx); err != nil {
 		s.stats.watches.Add(-int64(len(rs)))
 		return nil, -1, err
@@ -359,8 +361,9 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // good counts by its error only, which stays LastError once the next
 // isolated watch has opened a new one, until a later error. A Stream
 // with no watches at all reads disconnected until its server first
-// answers: its first watch, or the liveness probe (WithLiveness) of an
-// idle stream.
+// answers: its first watch, the liveness probe (WithLiveness) of an idle
+// stream, or the probe of a first stream that opened after its connection
+// failed.
 func (s *Stream) State() State {
 	st, mainOpening, mainAsked := s.main.state.opening()
 	if iso := s.isolatedLane(false); iso != nil {

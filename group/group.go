@@ -416,9 +416,9 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 		}
 		return []*etcdwatch.Watch{w}, nil
 	}
-	g.placed(p) // the Stream counts them from its call (Stats.Watches), not the group
 	s := g.own[p.on].stream
 	if len(p.idx) == 1 {
+		g.placed(p) // the Stream counts them from its call (Stats.Watches), not the group
 		w, err := s.Watch(ctx, rs[p.idx[0]])
 		if err != nil {
 			return nil, err
@@ -429,6 +429,7 @@ func (g *Group) openPart(ctx context.Context, rs []etcdwatch.Request, p part) ([
 	for k, i := range p.idx {
 		sub[k] = rs[i]
 	}
+	g.placed(p) // after the copy, which takes as long as the part is large
 	return s.WatchAll(ctx, sub...)
 }
 
@@ -536,10 +537,11 @@ func (g *Group) place(rs []etcdwatch.Request, pinAll bool) ([]part, error) {
 
 // placed ends place's count of a part whose watches are about to count
 // elsewhere, or never will: a plain part's just before its Stream is asked
-// (whose Stats count them as soon as its Watch or WatchAll has checked the
-// requests, with nothing between that waits: rather than counting them
-// twice until the Stream answers), a pinned one's when its pinned Stream
-// joins the candidates, or fails to.
+// (whose Stats count them as soon as its Watch or WatchAll is called,
+// before it checks the requests: rather than counting them twice until the
+// Stream answers; a placement made in between, a few hundred nanoseconds,
+// does not see them), a pinned one's when its pinned Stream joins the
+// candidates, or fails to.
 func (g *Group) placed(p part) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -270,4 +271,88 @@ func TestConnSpreadsReadsOverMembers(t *testing.T) {
 	for i, s := range servers {
 		require.Len(t, s.KV().Requests(), 2, "member %d's reads", i)
 	}
+}
+
+// TestIdleStreamWhoseHomeIsDownAtDialReadsConnected: a group dialed while
+// member 0 is down, with one watch, which goes to Stream 1. Stream 0 has
+// no watch: its first stream, refused at home, opens on member 1, and is
+// probed there once open (the root's handleOpened), so the group reads
+// connected. Catches Stream 0 left unasked with its home's error: the
+// group read disconnected, and placed nothing on Stream 0, until its
+// liveness idle (30 s by default), or for ever without the checks. Found
+// by a review.
+func TestIdleStreamWhoseHomeIsDownAtDialReadsConnected(t *testing.T) {
+	home, other := ws.StartRelease(t, "3.6.0"), ws.StartRelease(t, "3.6.0")
+	home.SetLeader(1)
+	other.SetLeader(1)
+	answerAll(t, other)
+	// Member 0's connections wait for gate, then are refused, so that each
+	// Stream's first Watch RPC is made at its home first.
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[*grpc.ClientConn]bool{}
+	both := make(chan struct{})
+	first := grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method == pb.Watch_Watch_FullMethodName {
+			mu.Lock()
+			if !seen[cc] {
+				seen[cc] = true
+				if len(seen) == 2 {
+					close(both)
+				}
+			}
+			mu.Unlock()
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	})
+	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool {
+		if i == 0 {
+			<-gate
+			return true
+		}
+		return false
+	}, group.WithDialOptions(dial.WithGRPCOptions(first)))
+	select {
+	case <-both:
+	case <-time.After(ws.Timeout):
+		t.Fatal("the Streams' first Watch RPCs were not made")
+	}
+	close(gate)
+	require.Eventually(t, func() bool { return g.Streams()[0].State.LastError != nil }, ws.Timeout, time.Millisecond)
+	w, err := g.Watch(ctx(t), etcdwatch.Key("k"))
+	require.NoError(t, err)
+	infos := g.Streams()
+	require.EqualValues(t, 0, infos[0].Stats.Watches)
+	require.EqualValues(t, 1, infos[1].Stats.Watches)
+	require.NoError(t, w.Err())
+	require.Eventually(t, func() bool { return g.State().Connected }, ws.Timeout, time.Millisecond,
+		"every watch is served and the idle Stream's stream is open: %+v; Stream 0 %+v", g.State(), g.Streams()[0].State)
+}
+
+// answerAll confirms every create and answers every cancel on every Watch
+// stream of srv until the test ends. Called before the group is dialed, so
+// that its cleanup runs after the group's Close.
+func answerAll(t *testing.T, srv *ws.Server) {
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	done := t.Context().Done()
+	wg.Go(func() { // returns when the test ends
+		for {
+			select {
+			case st := <-srv.Streams():
+				wg.Go(func() { // returns when the stream ends
+					for req := range st.Requests() {
+						switch {
+						case req.GetCreateRequest() != nil:
+							st.Send(t, ws.Created(req.GetCreateRequest().WatchId, 5))
+						case req.GetCancelRequest() != nil:
+							st.Send(t, ws.Canceled(req.GetCancelRequest().WatchId))
+						}
+					}
+				})
+			case <-done:
+				return
+			}
+		}
+	})
 }
