@@ -1198,8 +1198,9 @@ func TestHurryStopsOnceTheStreamIsOpen(t *testing.T) {
 func TestIdleFirstStreamOpenedAfterAnOutageIsProbed(t *testing.T) {
 	server := ws.Start(t)
 	f := newFlaky(t, server)
-	f.refusing.Store(true)                                                 // down from the start
-	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clock.NewFake())) // the liveness idle never passes
+	f.refusing.Store(true) // down from the start
+	clk := clock.NewFake() // the liveness idle never passes
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
