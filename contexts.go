@@ -60,8 +60,7 @@ func (d *dispatcher) unbind(w *Watch) {
 }
 
 // handleCtxDone ends every watch of g with its context's cause, as Cancel
-// would, and tells a Stream.open still waiting for one of them that its
-// context ended.
+// would.
 func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 	if d.ctxs[g.ctx.Done()] != g {
 		return // emptied and replaced meanwhile
@@ -73,7 +72,6 @@ func (d *dispatcher) handleCtxDone(g *ctxGroup) {
 			continue // unbound before
 		}
 		w.entry.group = nil
-		w.tellOpen(created{err: cause})
 		if w.abort(cause) {
 			d.handleCancel(w)
 		}

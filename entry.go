@@ -106,23 +106,18 @@ func (e *entry) start(head int64) int64 {
 }
 
 // created is the outcome of a watch's first create: nil once the server has
-// confirmed it, else why it failed. With no w, err is the cause of the end
-// of the context of the call that opened the watch (handleCtxDone), which
-// concerns the call rather than the watch.
+// confirmed it, else why it failed.
 type created struct {
 	w   *Watch
 	err error
 }
 
-// tellCreated gives Stream.open the outcome of the first create, once.
-func (w *Watch) tellCreated(err error) { w.tellOpen(created{w, err}) }
-
-// tellOpen gives Stream.open c, once: the channel is dropped then, so that
-// a running watch does not carry it.
-func (w *Watch) tellOpen(c created) {
+// tellCreated gives Stream.open the outcome of the first create, once; the
+// channel is dropped then, so that a running watch does not carry it.
+func (w *Watch) tellCreated(err error) {
 	e := &w.entry
 	if e.created != nil {
-		e.created <- c // buffered for every watch of the call: never blocks
+		e.created <- created{w, err} // buffered for every watch of the call: never blocks
 		e.created = nil
 	}
 }

@@ -50,25 +50,16 @@ func (s *Stream) startLane() *lane {
 // Either way exactly once: a command sent into the buffer as the
 // dispatcher left is refused by whichever of this call and the lane's
 // goroutine, both draining after done is closed, takes it.
-//
-// While the buffer has room, c goes in without a wait on done as well: ten
-// thousand goroutines calling Watch at once then share the buffer's lock
-// alone.
 func (l *lane) command(c command) {
 	select {
 	case l.cmds <- c:
-	default:
 		select {
-		case l.cmds <- c:
-		case <-l.done:
-			c.refuse(l.gone)
-			return
+		case <-l.done: // perhaps after the lane's last look: nobody else would take c
+			l.refuseLeft()
+		default:
 		}
-	}
-	select {
-	case <-l.done: // perhaps after the lane's last look: nobody else would take c
-		l.refuseLeft()
-	default:
+	case <-l.done:
+		c.refuse(l.gone)
 	}
 }
 

@@ -196,7 +196,7 @@ func (s *Stream) open(ctx context.Context, rs []Request, h *Handler) ([]*Watch, 
 	for l, lws := range byLane(ws) {
 		l.command(createCmd{lws, ctx}) // refused at Close: its watches are told ErrClosed, and stop counting
 	}
-	failed, err := s.awaitCreated(created, ws)
+	failed, err := s.awaitCreated(ctx, created, ws)
 	if err == nil {
 		return ws, -1, nil
 	}
@@ -244,12 +244,7 @@ func (s *Stream) cancelAll(ws []*Watch, failed *Watch, err error) {
 // first failure: a watch the server refused and why, or no watch and ctx's
 // cause, ErrCreateTimeout or ErrClosed, explained by the state of the lanes
 // of ws (stateOf).
-//
-// Every outcome comes from the dispatchers, ctx's end and Close included
-// (handleCtxDone, shutdown), so that a call waits on its own channel alone:
-// ten thousand goroutines calling Watch under one context do not all queue
-// on its Done channel, nor on closing.
-func (s *Stream) awaitCreated(outcomes <-chan created, ws []*Watch) (*Watch, error) {
+func (s *Stream) awaitCreated(ctx context.Context, created <-chan created, ws []*Watch) (*Watch, error) {
 	var timeout <-chan time.Time
 	if d := s.opts.createTimeout; d > 0 {
 		t := s.opts.clock.NewTimer(d)
@@ -257,22 +252,17 @@ func (s *Stream) awaitCreated(outcomes <-chan created, ws []*Watch) (*Watch, err
 		timeout = t.C()
 	}
 	for range ws {
-		var c created
-		if timeout == nil {
-			c = <-outcomes
-		} else {
-			select {
-			case c = <-outcomes:
-			case <-timeout:
-				return nil, s.stateOf(ws).Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
+		select {
+		case c := <-created:
+			if c.err != nil {
+				return c.w, c.err
 			}
-		}
-		switch {
-		case c.err == nil:
-		case c.w == nil: // the call's ctx ended
-			return nil, s.stateOf(ws).Explain(c.err)
-		default:
-			return c.w, c.err
+		case <-ctx.Done():
+			return nil, s.stateOf(ws).Explain(context.Cause(ctx))
+		case <-timeout:
+			return nil, s.stateOf(ws).Explain(fmt.Errorf("%w within %v", ErrCreateTimeout, s.opts.createTimeout))
+		case <-s.closing:
+			return nil, ErrClosed
 		}
 	}
 	return nil, nil
