@@ -35,7 +35,7 @@ func (s *Stream) startLane() *lane {
 	if s.opts.requireLeader {
 		open = requireLeader(open)
 	}
-	d := newDispatcher(l, noteOpened(open, &l.state))
+	d := newDispatcher(l, open)
 	go func() { // exits at Close or when the lane is retired, after refusing what came too late; Close waits on exited
 		defer close(l.exited)
 		defer l.refuseLeft()

@@ -368,8 +368,8 @@ func jitter(d time.Duration) time.Duration { return d/2 + rand.N(d/2+1) }
 // connHurry keeps a connection that the stream is waiting for from sitting
 // out gRPC's reconnect backoff: its default waits 1s, then 1.6 times longer
 // each time up to 2 minutes, so a member back after a 3s outage would be
-// reached 2s late. While a stream has heard nothing yet and its connection
-// is in TRANSIENT_FAILURE, the connection's backoff is reset every interval,
+// reached 2s late. While a stream waits to open and its connection is in
+// TRANSIENT_FAILURE, the connection's backoff is reset every interval,
 // so that it tries again at once. A connection with other ready addresses
 // (package dial's round_robin with a member down) is not in TRANSIENT_FAILURE and is
 // left alone. Owned by the dispatcher.

@@ -75,18 +75,6 @@ type grpcStream struct{ grpc.ClientStream }
 func (g grpcStream) Send(r *wireRequest) error  { return g.SendMsg(r) }
 func (g grpcStream) Recv(r *wireResponse) error { return g.RecvMsg(r) }
 
-// noteOpened records in b each stream open opens: the failures met while
-// it waited for its connection are over.
-func noteOpened(open opener, b *stateBox) opener {
-	return func(ctx context.Context) (wireStream, error) {
-		ws, err := open(ctx)
-		if err == nil {
-			b.opened()
-		}
-		return ws, err
-	}
-}
-
 // requireLeader makes the server refuse and end streams while it has no leader.
 func requireLeader(open opener) opener {
 	return func(ctx context.Context) (wireStream, error) {

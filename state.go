@@ -48,7 +48,6 @@ type stateBox struct {
 	reported bool // a failure has been recorded since the server last answered
 	heard    bool // a server has answered at least once
 	asked    bool // a create has been sent: the server owes an answer
-	open     bool // the lane's stream has opened since the last failure: those before are over
 }
 
 func (b *stateBox) get() State {
@@ -58,21 +57,12 @@ func (b *stateBox) get() State {
 }
 
 // opening returns the State; whether nothing has happened yet, no server
-// having answered and nothing having failed (or the stream having opened
-// since), as for a lane just opened; and whether a create has been sent all
-// the same.
+// having answered and nothing having failed, as for a lane just opened;
+// and whether a create has been sent all the same.
 func (b *stateBox) opening() (st State, opening, asked bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.st, !b.heard && (b.st.LastError == nil || b.open), b.asked
-}
-
-// opened records that the lane's stream has opened: the failures met while
-// it waited for its connection are over, though no server has answered yet.
-func (b *stateBox) opened() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.open = true
+	return b.st, !b.heard && b.st.LastError == nil, b.asked
 }
 
 // ask records that a create was sent, which the server must answer.
@@ -99,7 +89,6 @@ func (b *stateBox) ended(err error, answered bool, now time.Time) {
 		b.st.Connected, b.st.Since = false, now
 	}
 	b.st.LastError, b.st.LastErrorAt = err, now
-	b.open = false
 }
 
 // dead records err, with which the stream failed for good.
@@ -115,7 +104,6 @@ func (b *stateBox) failed(err error, now time.Time) (first bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.st.LastError, b.st.LastErrorAt = err, now
-	b.open = false
 	first = !b.reported
 	b.reported = true
 	return first

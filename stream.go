@@ -345,9 +345,9 @@ func (s *Stream) Stats() Stats { return s.stats.snapshot() }
 // isolated watch (a view's), only a failure of its own counts, so that
 // opening a view does not read as a disconnection. Likewise the main
 // stream while nothing has been asked of it (a Stream of views alone): it
-// counts by its failures only, those before its stream opened being over
-// then, and the isolated stream says whether the server answers; from its
-// first create on, it counts as any lane. An isolated lane that failed for
+// counts by its failures only (its first stream, if its connection failed,
+// is probed once it opens), and the isolated stream says whether the
+// server answers; from its first create on, it counts as any lane. An isolated lane that failed for
 // good counts by its error only, which stays LastError once the next
 // isolated watch has opened a new one, until a later error. A Stream
 // with no watches at all reads disconnected until its server first

@@ -1062,6 +1062,9 @@ func TestProgressWaitsForAResumeSentBeforeIt(t *testing.T) {
 	paused := w.ID()
 	require.Equal(t, paused, h.srv.RecvCancel(t), "paused")
 	h.srv.Send(t, ws.Canceled(paused))
+	// The stream has seen 4 before the consumer catches up: else the watch
+	// resumes at the head, from 3 itself.
+	h.await(func() bool { return h.s.Stats().Revision >= 4 })
 	for read := int64(0); read < 3; { // 2 and 3, perhaps joined: it resumes
 		read = next(t, w).Revision
 	}

@@ -33,11 +33,12 @@ var ErrAuthFailed = errors.New("etcdwatch: authentication failed")
 // more on a new stream, which carries the new token, and every other watch
 // resumes on it from its next revision, nothing lost. A token no RPC has
 // been served with yet, refused by a member other than the one that issued
-// it, is kept: that member has yet to apply it (etcd numbers a simple token
-// by the consistent index, which can be behind the entry that issued it),
-// and a new token could meet the same race; the Watch stream then fails as
-// Unavailable, to be opened again with it (at most 10 times a token). A
-// unary RPC refused for its token is tried once more with a new one. An RPC that waits for a
+// it within 3 s of its issue, is kept: that member has yet to apply it
+// (etcd numbers a simple token by the consistent index, which can be behind
+// the entry that issued it), and a new token could meet the same race; the
+// Watch stream then fails as Unavailable, to be opened again with it (at
+// most 10 times a token). A unary RPC refused for its token is tried once
+// more with a new one. An RPC that waits for a
 // ready connection (grpc.WaitForReady, given to the call or as a default
 // call option through WithGRPCOptions) waits for its token likewise: the
 // Authenticate made for it is tried again, each time the connection is
@@ -93,13 +94,8 @@ type tokenAuth struct {
 	failedAt time.Time  // when the last Authenticate failed (not cut short by its caller)
 	refused  *authError // the server refused the user or password: final, every RPC gets it
 	tries    uint64     // Authenticate calls made so far
-	// accepted: an RPC carrying token has been served. A token refused
-	// before that, by a member that did not issue it, is one that member
-	// has yet to apply (see refusedFresh).
-	accepted bool
-	issuer   uint64 // the member that issued token (its Authenticate's header), 0 if not known
-	fresh    int    // refusals of token taken as a member's lag so far
-	shared   error  // the last one's failure, for the callers that waited for it (nil: it succeeded, its own caller's context ended, or it failed for a reason of its own call, not passing)
+	fresh    freshToken // what tells a member's lag from token's death (refusedFresh)
+	shared   error      // the last one's failure, for the callers that waited for it (nil: it succeeded, its own caller's context ended, or it failed for a reason of its own call, not passing)
 }
 
 // current returns the token if it may be used, or the final refusal of the
@@ -210,45 +206,67 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 		return "", err
 	}
 	a.token, a.known = tok, true
-	a.accepted, a.issuer, a.fresh = false, issuer, 0
+	a.fresh = freshToken{issuer: issuer, issuedAt: time.Now()}
 	return tok, nil
 }
 
-// maxFreshRefusals bounds how often one token, never yet accepted, is
-// taken to be refused for a member's lag rather than for itself.
-const maxFreshRefusals = 10
+// freshToken tells a member's lag from a token's death, for a token no
+// RPC has been served with yet: a refusal by a member other than its
+// issuer, soon after it was issued, is that member's lag, a few times at
+// most. etcd numbers a simple token by the consistent index, which can be
+// behind the entry that issued it: a member that has applied the one but
+// not the other refuses the token as invalid, though it will accept it
+// once it has applied its entry (the issuer has, before it answered
+// Authenticate). A token that died unused (its TTL passed, or it was
+// revoked) is refused by every member, and given up after lagFor or
+// maxLagRefusals, or at once by its issuer. The zero value takes no
+// refusal for lag.
+type freshToken struct {
+	issuer   uint64    // the member that issued it (its Authenticate's header); 0 if not known
+	issuedAt time.Time // when its Authenticate answered
+	served   bool      // an RPC carrying it has been served: every refusal is its own
+	refusals int       // refusals taken for a member's lag so far
+}
+
+// lagFor and maxLagRefusals bound what freshToken takes for a member's
+// lag: an apply is late by milliseconds, a second or two under load.
+const (
+	lagFor         = 3 * time.Second
+	maxLagRefusals = 10
+)
+
+// lagging reports whether member's refusal of the token at now is that
+// member's lag, and counts it if so.
+func (f *freshToken) lagging(member uint64, now time.Time) bool {
+	if f.served || member == 0 || f.issuer == 0 || member == f.issuer ||
+		f.refusals >= maxLagRefusals || now.Sub(f.issuedAt) >= lagFor {
+		return false
+	}
+	f.refusals++
+	return true
+}
 
 // accept records that an RPC carrying tok was served.
 func (a *tokenAuth) accept(tok string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.known && a.token == tok {
-		a.accepted = true
+		a.fresh.served = true
 	}
 }
 
-// refusedFresh reports whether member's refusal of tok, for reason, is
-// that member's lag: tok is the current token, no RPC carrying it has been
-// served yet, and a member other than the one that issued it refused it.
-// etcd numbers a simple token by the consistent index, which can be behind
-// the entry that issued it: a member that has applied the one but not the
-// other refuses the token as invalid, though it will accept it once it has
-// applied its entry (the issuer has, before it answered Authenticate).
-// Such a token is kept, and the stream that met the refusal fails as
-// Unavailable, to be opened again, rather than the create being refused:
-// a new token would meet the same race on the next member.
+// refusedFresh reports whether member's refusal of tok, the current token,
+// as invalid (reason) is that member's lag (freshToken). Such a token is
+// kept, and the stream that met the refusal fails as Unavailable, to be
+// opened again, rather than the create being refused: a new token would
+// meet the same race on the next member.
 func (a *tokenAuth) refusedFresh(tok, reason string, member uint64) bool {
 	if !rpcerr.TokenUnknown(reason) {
 		return false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.known || a.token != tok || tok == "" || a.accepted || a.fresh >= maxFreshRefusals ||
-		member == 0 || a.issuer == 0 || member == a.issuer {
-		return false
-	}
-	a.fresh++
-	return true
+	return a.known && a.token == tok && tok != "" && a.fresh.lagging(member, time.Now())
 }
 
 // authenticate asks the server for a new token, failing fast without a
@@ -335,7 +353,9 @@ func (a *tokenAuth) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.
 // tokenStream is a stream that drops its token from the connection when
 // the server refuses it. It does so in RecvMsg, before the caller sees the
 // refusal: the caller's next RPC (a Stream's new Watch stream, a view's
-// next listing) authenticates afresh.
+// next listing) authenticates afresh. A refusal taken for a member's lag
+// (refusedFresh) keeps the token instead, and ends the stream with an
+// Unavailable error of its own making.
 type tokenStream struct {
 	grpc.ClientStream
 	auth   *tokenAuth
