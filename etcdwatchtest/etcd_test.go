@@ -140,7 +140,11 @@ func userOfCluster(t *testing.T) []*etcdwatchtest.Server {
 	}, wait, 10*time.Millisecond, "no new leader")
 	require.NoError(t, leader.Restart())
 	require.Eventually(t, leader.HasLeader, wait, 10*time.Millisecond)
-	require.Equal(t, "v", get(t, memberConn(t, leader), "k"))
+	kv := pb.NewKVClient(memberConn(t, leader))
+	require.Eventually(t, func() bool { // a read may meet an election the restart set off ("leader changed")
+		resp, err := kv.Range(testContext(t), &pb.RangeRequest{Key: []byte("k")})
+		return err == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == "v"
+	}, wait, 10*time.Millisecond, "the restarted member does not serve what it had")
 	return members
 }
 
