@@ -78,7 +78,6 @@ func (d *dispatcher) handleSessionEnd() {
 	up := d.sess.upFor(now)
 	d.sess = nil
 	d.discard = false
-	d.firstOpen = false
 	d.live.Stop()
 	d.l.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) && !d.refuseTooLarge(err, unsent) {

@@ -363,7 +363,7 @@ func (s *Stream) State() State {
 			st = laterError(st, ist)
 		case opening:
 		case mainOpening && !mainAsked: // nothing asked of it yet (a Stream of views): the isolated lane speaks
-			st = laterError(ist, st) // but an error that kept the main stream from opening is kept
+			st = ist
 		case st.Connected && ist.Connected && ist.LastError == nil:
 			// It joined, answered after the main one, and has not gone down
 			// since: no change of Connected, so not of Since.
