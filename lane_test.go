@@ -2,7 +2,6 @@ package etcdwatch_test
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
-	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
 )
 
@@ -178,14 +176,7 @@ func TestStreamOfIsolatedWatchesAloneIsConnected(t *testing.T) {
 // review.
 func TestStreamOfViewsOpenedDuringAnOutageIsConnectedOnceBack(t *testing.T) {
 	server := ws.Start(t)
-	f := newFlaky(t, server)
-	f.refusing.Store(true) // down from the start
-	clk := clock.NewFake() // the liveness idle never passes
-	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
-		wait, time.Millisecond, "the main stream never waited for a connection")
+	f, s := openWhileDown(t, server)
 	f.up()
 	main := server.Accept(t) // the main stream is open, and probed (TestIdleFirstStreamOpenedAfterAnOutageIsProbed)
 	probe := main.RecvCreate(t)

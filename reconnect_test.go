@@ -969,8 +969,7 @@ func TestProgressRequestsDoNotPileUpWhileDown(t *testing.T) {
 	backoff, ok := clk.AwaitArmedIn(ctx, 0, time.Second) // the new stream's backoff
 	require.True(t, ok, "no backoff armed; armed: %v", clk.Armed())
 	clk.Advance(backoff)
-	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
-		wait, time.Millisecond, "the new stream never waited for a connection")
+	awaitWaitingForConnection(t, s)
 	go func() { // ends when answered, or at ctx's end
 		rev, err := s.RequestProgress(ctx)
 		got <- progressResult{rev, err}
@@ -1067,8 +1066,7 @@ func TestLivenessWaitsForTheStreamToOpen(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	res := watchAsync(context.Background(), s, etcdwatch.Key("a"))
-	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
-		wait, time.Millisecond, "the stream never waited for a connection")
+	awaitWaitingForConnection(t, s)
 	for range 5 { // the checks look again every idle; had they probed, the next would be due at timeout
 		awaitArmed(t, clk, idle)
 		clk.Advance(idle)
@@ -1149,8 +1147,7 @@ func TestStreamOpenedAfterAWaitForItsConnectionDidNotWork(t *testing.T) {
 	srv.Send(t, ws.Created(c.WatchId, 1))
 	require.NoError(t, recvResult(t, res).err)
 	f.down() // the stream that worked ends; the next waits for a connection
-	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
-		wait, time.Millisecond, "the new stream never waited for a connection")
+	awaitWaitingForConnection(t, s)
 	clk.Advance(15 * time.Second) // waiting, not open
 	f.up()
 	srv = server.Accept(t)
@@ -1200,14 +1197,7 @@ func TestHurryStopsOnceTheStreamIsOpen(t *testing.T) {
 // meanwhile. Found by a review of group.
 func TestIdleFirstStreamOpenedAfterAnOutageIsProbed(t *testing.T) {
 	server := ws.Start(t)
-	f := newFlaky(t, server)
-	f.refusing.Store(true) // down from the start
-	clk := clock.NewFake() // the liveness idle never passes
-	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clk))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
-		wait, time.Millisecond, "the stream never waited for a connection")
+	f, s := openWhileDown(t, server)
 	f.up()
 	srv := server.Accept(t)
 	probe := srv.RecvCreate(t)
@@ -1216,4 +1206,26 @@ func TestIdleFirstStreamOpenedAfterAnOutageIsProbed(t *testing.T) {
 	require.Eventually(t, func() bool { return s.State().Connected }, wait, time.Millisecond, "an idle Stream whose server answered reads connected")
 	require.Equal(t, probe.WatchId, srv.RecvCancel(t))
 	require.Zero(t, s.Stats().Watches, "probes are not watches")
+}
+
+// openWhileDown opens a Stream on a connection to server refused from the
+// start, with a clock that does not move (no liveness idle passes), once
+// its first stream waits for the connection.
+func openWhileDown(t *testing.T, server *ws.Server) (*flaky, *etcdwatch.Stream) {
+	t.Helper()
+	f := newFlaky(t, server)
+	f.refusing.Store(true)
+	s, err := etcdwatch.Open(f.conn, etcdwatch.WithClock(clock.NewFake()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	awaitWaitingForConnection(t, s)
+	return f, s
+}
+
+// awaitWaitingForConnection waits until s's stream waits for a connection
+// the flaky dialer refuses.
+func awaitWaitingForConnection(t *testing.T, s *etcdwatch.Stream) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
+		wait, time.Millisecond, "the stream never waited for a connection")
 }
