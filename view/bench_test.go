@@ -36,18 +36,20 @@ const (
 
 // BenchmarkViewApply measures, side by side, the path from a received
 // response into a View with one subscriber that reads every batch ("view"),
-// and the Stream's own delivery of the same responses to a bare Watch
-// ("stream", as the root package's BenchmarkDeliver): 1 and 100 events
-// per response, 32-byte keys (over 10,000 keys) and values, from a
-// scripted server sending as fast as it can. Each iteration is a round of
-// 20,000 events for each contender, in an order that alternates, so that
-// both see the same machine; it reports each one's events/s and
-// view/stream, their ratio (the target is at least 0.8).
+// the Stream's own delivery of the same responses to a bare Watch
+// ("stream", as the root package's BenchmarkDeliver), and that delivery
+// into a Go map ("map": the least any cache of the keys does, a floor for
+// the view): 1 and 100 events per response, 32-byte keys (over 10,000
+// keys) and values, from a scripted server sending as fast as it can. Each
+// iteration is a round of 20,000 events for each contender, in an order
+// that rotates, so that all see the same machine; it reports each one's
+// events/s, view/stream (the target is at least 0.8), map/stream and
+// view/map.
 func BenchmarkViewApply(b *testing.B) {
 	for _, per := range []int{1, 100} {
 		b.Run(fmt.Sprintf("events=%d", per), func(b *testing.B) {
-			feeds := [2]*applyFeed{newStreamFeed(b, per), newViewFeed(b, per)}
-			var took [2]time.Duration
+			feeds := [3]*applyFeed{newStreamFeed(b, per), newViewFeed(b, per), newMapFeed(b, per)}
+			var took [3]time.Duration
 			b.ReportAllocs()
 			b.ResetTimer()
 			round := 0
@@ -59,10 +61,13 @@ func BenchmarkViewApply(b *testing.B) {
 				round++
 			}
 			events := float64(round * applyRound)
-			stream, view := events/took[0].Seconds(), events/took[1].Seconds()
+			stream, view, cache := events/took[0].Seconds(), events/took[1].Seconds(), events/took[2].Seconds()
 			b.ReportMetric(stream, "stream-events/s")
 			b.ReportMetric(view, "view-events/s")
+			b.ReportMetric(cache, "map-events/s")
 			b.ReportMetric(view/stream, "view/stream")
+			b.ReportMetric(cache/stream, "map/stream")
+			b.ReportMetric(view/cache, "view/map")
 		})
 	}
 }
@@ -119,6 +124,55 @@ func (f *applyFeed) round(b *testing.B) time.Duration {
 // newStreamFeed is the stream contender: a Watch whose consumer counts
 // each Response's events.
 func newStreamFeed(b *testing.B, per int) *applyFeed {
+	f, w := watchFeed(b, per)
+	f.consume = func(b *testing.B, n int) {
+		for got := 0; got < n; { // a consumer that is behind may take several responses in one
+			r, ok := <-w.Responses()
+			if !ok {
+				b.Fatal(w.Err())
+			}
+			got += len(r.Events)
+		}
+	}
+	return f
+}
+
+// cached is what newMapFeed keeps of a key.
+type cached struct {
+	value                                       []byte
+	createRevision, modRevision, version, lease int64
+}
+
+// newMapFeed is the map contender: a Watch whose consumer keeps each
+// event's key and value in a map, as a hand-written cache would, with none
+// of a view's snapshots, history or subscribers. It keeps each event's
+// value as the Stream gave it (its buffer is the event's own), and makes a
+// string of a key only when the key is new.
+func newMapFeed(b *testing.B, per int) *applyFeed {
+	f, w := watchFeed(b, per)
+	keys := make(map[string]cached, applyKeys)
+	f.consume = func(b *testing.B, n int) {
+		for got := 0; got < n; {
+			r, ok := <-w.Responses()
+			if !ok {
+				b.Fatal(w.Err())
+			}
+			for _, e := range r.Events {
+				if e.Type == etcdwatch.Delete {
+					delete(keys, string(e.Key))
+					continue
+				}
+				keys[string(e.Key)] = cached{e.Value, e.CreateRevision, e.ModRevision, e.Version, e.Lease}
+			}
+			got += len(r.Events)
+		}
+	}
+	return f
+}
+
+// watchFeed opens a bare Watch of the feeds' keys on a scripted server and
+// returns its feed, without a consumer, and the Watch.
+func watchFeed(b *testing.B, per int) (*applyFeed, *etcdwatch.Watch) {
 	s, server := benchStream(b, etcdwatch.WithBufferLimit(1<<30))
 	srv := server.Accept(b)
 	res := make(chan *etcdwatch.Watch, 1)
@@ -132,17 +186,7 @@ func newStreamFeed(b *testing.B, per int) *applyFeed {
 	c := srv.RecvCreate(b)
 	srv.Send(b, ws.Created(c.WatchId, 1))
 	w := <-res
-	f := newFeed(srv, c.WatchId, per)
-	f.consume = func(b *testing.B, n int) {
-		for got := 0; got < n; { // a consumer that is behind may take several responses in one
-			r, ok := <-w.Responses()
-			if !ok {
-				b.Fatal(w.Err())
-			}
-			got += len(r.Events)
-		}
-	}
-	return f
+	return newFeed(srv, c.WatchId, per), w
 }
 
 // newViewFeed is the view contender: a View of an empty range whose one
