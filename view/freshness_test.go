@@ -507,3 +507,63 @@ func movedWithoutABatch(t *testing.T) (*viewHarness[[]byte], *ws.KV) {
 	syncAnswered(t, vh)
 	return vh, kv
 }
+
+// TestSubscribeFromBeforeTheViewIsNotAFallBehind: Stats.Resyncs counts
+// "whole states given to this View's subscribers that fell behind", and a
+// Resync the subscriber did not cause by falling behind is not counted
+// (rev 0; a start inside a restored relist). A subscriber that restarts
+// with the revision it saved, against a view that has just listed (a
+// fleet restart), gets a Resync because the view never had that history:
+// nothing was dropped, yet it is counted as a fall-behind, and
+// etcdwatch_view_resyncs_total rises on every restart.
+func TestSubscribeFromBeforeTheViewIsNotAFallBehind(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	saved := kv.Revision() // the subscriber's, from its previous run
+	kv.Put("v/x", "1")
+	vh := openView(h, view.DecodeBytes)
+	b := nextBatch(t, vh.v.Subscribe(t.Context(), saved))
+	require.Equal(t, view.Resync, b.Kind, "the view never had the changes after %d", saved)
+	require.Zero(t, vh.v.Stats().HistoryBytes, "no history was kept, so none was dropped")
+	require.Zero(t, vh.v.Stats().Resyncs, "not a subscriber that fell behind")
+}
+
+// TestSubscribeRacingClose: subscriptions made while their View closes,
+// and ones whose context ends at once, all end, and none stays counted.
+func TestSubscribeRacingClose(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes)
+	for range 50 {
+		w := vh.v.Share()
+		subs := make(chan *view.Subscription[[]byte], 40)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := range 40 {
+				ctx, cancel := context.WithCancel(context.Background())
+				if i%2 == 0 {
+					cancel()
+				}
+				subs <- w.Subscribe(ctx, 0)
+				defer cancel()
+			}
+		}()
+		w.Close()
+		<-done
+		close(subs)
+		for s := range subs {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			for {
+				if _, err := s.Next(ctx); err != nil {
+					require.NotErrorIs(t, err, context.DeadlineExceeded)
+					break
+				}
+			}
+			cancel()
+		}
+		require.Zero(t, w.Stats().Subscribers)
+	}
+}

@@ -20,6 +20,8 @@ type history[T any] struct {
 	floor   int64         // items hold every change after this revision
 	changed chan struct{} // closed, and replaced, at each publication; closed for good at the end
 	over    bool          // the view has ended
+	origin  int64         // floor's first value: the history never held changes up to it
+	started bool          // origin is set: the first publication is made
 }
 
 type histItem[T any] struct {
@@ -58,6 +60,9 @@ func (h *history[T]) publish(snap *atomic.Pointer[Snapshot[T]], s *Snapshot[T], 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	snap.Store(s)
+	if !h.started {
+		h.origin, h.started = h.floor, true
+	}
 	for _, b := range bs {
 		h.push(b)
 	}

@@ -16,9 +16,10 @@ import (
 // Close and Err may be called from any.
 type Subscription[T any] struct {
 	c       *core[T]
-	resyncs *atomic.Uint64 // its View's count of Resyncs caused by falling behind
-	closed  chan struct{}  // closed by end
-	cause   error          // why it ended; written before closed is closed
+	ctx     context.Context // the subscription's: its end ends the subscription
+	resyncs *atomic.Uint64  // its View's count of Resyncs caused by falling behind
+	closed  chan struct{}   // closed by end
+	cause   error           // why it ended; written before closed is closed
 	once    sync.Once
 	ending  atomic.Bool            // end has begun: set before onEnd is told
 	onEnd   func(*Subscription[T]) // tells its View, at the end; may be nil
@@ -37,11 +38,11 @@ type Subscription[T any] struct {
 // nil), for a subscriber that holds the state at
 // rev (none for rev <= 0), ended with ctx.
 func (c *core[T]) subscribe(ctx context.Context, rev int64, resyncs *atomic.Uint64, onEnd func(*Subscription[T])) *Subscription[T] {
-	sub := &Subscription[T]{c: c, resyncs: resyncs, closed: make(chan struct{}), from: rev + 1, onEnd: onEnd}
+	sub := &Subscription[T]{c: c, resyncs: resyncs, closed: make(chan struct{}), ctx: ctx, from: rev + 1, onEnd: onEnd}
 	h := &c.hist
 	h.mu.Lock()
 	if rev <= 0 || rev < h.floor {
-		sub.resync, sub.asked = true, rev <= 0
+		sub.resync, sub.asked = true, rev <= 0 || rev < h.origin // from before the view's first state: it never had those changes, so not fallen behind
 	} else {
 		i := sort.Search(len(h.items), func(i int) bool { return h.items[i].b.Revision > rev })
 		sub.next = h.first + uint64(i) // its first batch, checked by poll (held, unknownStart)
@@ -96,6 +97,7 @@ func (s *Subscription[T]) Batches() iter.Seq[Batch[T]] {
 // Err returns nil while the subscription runs, then why it ended (see
 // Next).
 func (s *Subscription[T]) Err() error {
+	s.endedWithCtx()
 	select {
 	case <-s.closed:
 		return s.cause
@@ -109,6 +111,7 @@ func (s *Subscription[T]) Err() error {
 // history, a subscriber may be many batches ahead of its start.
 func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 	for {
+		s.endedWithCtx()
 		select {
 		case <-s.closed:
 			return Batch[T]{}, nil, s.cause
@@ -146,6 +149,14 @@ func (s *Subscription[T]) poll() (Batch[T], <-chan struct{}, error) {
 		wait := h.changed
 		h.mu.Unlock()
 		return Batch[T]{}, wait, nil
+	}
+}
+
+// endedWithCtx ends the subscription now if its context has ended, rather
+// than when context.AfterFunc's goroutine gets to it.
+func (s *Subscription[T]) endedWithCtx() {
+	if s.ctx.Err() != nil {
+		s.end(context.Cause(s.ctx))
 	}
 }
 
