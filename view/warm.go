@@ -354,6 +354,9 @@ func (r *runner[T]) catchUp(saved int64, vouched <-chan vouching, ask func()) (b
 	r.rev = max(r.rev, g.rev)
 	r.log.Info("etcdwatch: view restored its saved state", "path", r.opts.warm.path, "saved", saved, "revision", r.rev, "changes", len(changes), "keys", r.ed.Len())
 	if r.rev == saved { // the cluster has written nothing since: no revision to speak of
+		if r.opts.warm.path != "" {
+			r.warm.lastSaved = weak.Make(r.snap.Load()) // the state published is the file's: not saved again until it moves (saveLoop starts after this)
+		}
 		return true, nil
 	}
 	r.publish(sinceSave(saved, r.rev, changes))

@@ -922,3 +922,36 @@ func TestRestoreReaderReadWhenNewFailsFirst(t *testing.T) {
 	require.Nil(t, v)
 	require.Equal(t, len(saved), r.n, "read to its end")
 }
+
+// TestRestoredStateNotMovedIsNotSavedAgain: WithStateFile saves "each time
+// it moved since the last save" (README: "a state whose revision has not
+// moved since the last save is not written again"). A view restored from
+// its file, on a cluster that wrote nothing since, has not moved: its Close
+// must leave the file as it is. Catches the restored state taken as never
+// saved (lastSaved unset), so the whole state is written again, once per
+// interval's first tick and at Close, by every process of a fleet restart.
+func TestRestoredStateNotMovedIsNotSavedAgain(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 3)
+	path := filepath.Join(t.TempDir(), "v.state")
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, 0))
+	require.NoError(t, vh.v.Close()) // saves
+	require.Equal(t, vh.id, h.srv.RecvCancel(t))
+	before, err := os.Stat(path)
+	require.NoError(t, err)
+
+	res, id := h.restoring(kv.Revision(), view.DecodeBytes, view.WithStateFile(path, 0))
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, kv.Revision()))
+	v := started(t, res)
+	rev, err := v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, kv.Revision(), rev)
+	require.Equal(t, rev, v.Revision(), "nothing moved")
+	require.NoError(t, v.Close())
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	after, err := os.Stat(path)
+	require.NoError(t, err)
+	require.True(t, os.SameFile(before, after), "the file was written again, though the state did not move since it was saved")
+}
