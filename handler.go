@@ -65,8 +65,10 @@ func WithGoroutines(n int) HandlerOption {
 // ErrCreateTimeout.
 // It is called from the Handler's goroutines, possibly after the Close
 // that ended the watch has returned; once Close has begun, no response is
-// handed over (a call in progress runs to its end), even one that was
-// waiting for a watch the server had ended before. Default: nobody is
+// handed over (a call in progress runs to its end, and a goroutine may
+// still begin one whose response it had taken and checked as Close
+// began), even one that was waiting for a watch the server had ended
+// before. Default: nobody is
 // told (Done and Err still say it).
 func WithEnded(ended func(w *Watch, err error)) HandlerOption {
 	return func(h *Handler) { h.ended = ended }
@@ -178,12 +180,12 @@ func (h *Handler) serve(w *Watch) {
 			}
 			return
 		}
+		took = weigh(r) // before the function, which owns r, can change it; and before the look at Close, so that nothing lies between that look and the call but the Store
 		if closing(s) { // as a channel's pump, hand nothing more over once Close began
 			w.out.drop()
 			took = load{}
 			continue // to the watch's end, or to idle until Close ends it
 		}
-		took = weigh(r)                   // before the function, which owns r, can change it
 		w.out.delivered.Store(r.Revision) // in its hands: Revision is r's during the call
 		h.handle(w, int(w.entry.index), r)
 		s.hooks.at(hookTook)

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -537,4 +539,45 @@ func TestHandlerHandsNothingOverAfterClose(t *testing.T) {
 	var se *etcdwatch.ServerError
 	require.ErrorAs(t, rec.ends[w], &se, "Ended with the server's end")
 	require.Empty(t, rec.broken)
+}
+
+// TestHandlerBeginsNoCallAfterClose: a goroutine that found Close not begun
+// and then weighed a long response (O(events)) before its call began that
+// call after Close had returned; it now weighs first, so that nothing but
+// a Store lies between its look at Close and the call. Not deterministic
+// (no hook can stop a goroutine between the two): before the fix it failed
+// about 6 runs in 10.
+func TestHandlerBeginsNoCallAfterClose(t *testing.T) {
+	server := ws.Start(t)
+	obs := etcdwatch.NewObserver()
+	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithObserver(obs), etcdwatch.WithProgressRetry(time.Hour, time.Hour),
+		etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
+	require.NoError(t, err)
+	srv := server.Accept(t)
+	var closed, late atomic.Bool
+	hd := etcdwatch.NewHandler(func(*etcdwatch.Watch, int, etcdwatch.Response) {
+		if closed.Load() {
+			late.Store(true)
+		}
+	})
+	res := make(chan []*etcdwatch.Watch, 1)
+	go func() {
+		got, _ := s.Handle(context.Background(), hd, etcdwatch.Key("k"))
+		res <- got
+	}()
+	c := srv.RecvCreate(t)
+	srv.Send(t, ws.Created(c.WatchId, 1))
+	w := (<-res)[0]
+	require.NotNil(t, w)
+	evs := make([]*mvccpb.Event, 300_000)
+	for i := range evs {
+		evs[i] = ws.Put("k", "", 2)
+	}
+	before := obs.Count(etcdwatch.HookResponse)
+	srv.Send(t, ws.Events(w.ID(), 2, evs...))
+	obs.Await(t, wait, func() bool { return obs.Count(etcdwatch.HookResponse) > before })
+	require.NoError(t, s.Close())
+	closed.Store(true)
+	hd.Wait()
+	require.False(t, late.Load(), "the Handler's function was called for a response after Close had returned")
 }
