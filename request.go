@@ -19,9 +19,10 @@ type Request struct {
 	Revision int64
 	// PrevKV asks for each event's previous key-value.
 	PrevKV bool
-	// NoPut and NoDelete filter out puts or deletes. Both together only
-	// with ProgressNotify: a watch of bookmarks alone, a heartbeat of the
-	// range's revision.
+	// NoPut and NoDelete filter out puts or deletes. Both together make a
+	// watch of bookmarks alone: the answers to RequestProgress and, with
+	// ProgressNotify, the server's own, a heartbeat of the range's
+	// revision. etcd sends such a watch no event, however large.
 	NoPut, NoDelete bool
 	// ProgressNotify asks the server for periodic bookmarks on an idle watch.
 	ProgressNotify bool
@@ -89,8 +90,6 @@ func (r Request) Validate() error {
 		return fmt.Errorf("%w: End %q must sort after Key %q (or be \"\\x00\")", ErrInvalidRequest, r.End, r.Key)
 	case r.Revision < 0:
 		return fmt.Errorf("%w: Revision %d is negative", ErrInvalidRequest, r.Revision)
-	case r.NoPut && r.NoDelete && !r.ProgressNotify:
-		return fmt.Errorf("%w: NoPut and NoDelete together exclude every event (with ProgressNotify they make a watch of bookmarks alone)", ErrInvalidRequest)
 	}
 	return nil
 }

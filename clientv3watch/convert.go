@@ -21,10 +21,6 @@ import (
 type watchSpec struct {
 	req           etcdwatch.Request
 	createdNotify bool
-	// dropEvents: WithFilterPut and WithFilterDelete together, which etcd
-	// accepts and then sends no event; etcdwatch refuses the pair, so the
-	// watch filters puts and the pump drops the deletes.
-	dropEvents bool
 	// refusal is the cancel reason etcd gives for a create it refuses
 	// whatever the stream (which etcdwatch refuses before sending it).
 	refusal string
@@ -57,13 +53,6 @@ func specOf(key string, opts []clientv3.OpOption) watchSpec {
 			Fragment:       op.IsFragment(),
 		},
 		createdNotify: op.IsCreatedNotify(),
-	}
-	if sp.req.NoPut && sp.req.NoDelete && !sp.req.ProgressNotify {
-		// etcdwatch refuses a watch that can deliver nothing; its created
-		// notification and the answers to RequestProgress are all clientv3
-		// gives it. With ProgressNotify both filters go to etcd, whose
-		// periodic notification an event sent would hold back.
-		sp.req.NoDelete, sp.dropEvents = false, true
 	}
 	fromKey := len(end) == 1 && end[0] == 0
 	switch {

@@ -32,8 +32,7 @@ type watch struct {
 	failed bool // Handle failed, and Watch answered on a channel of its own; written before opened is done
 
 	// By the Handler's calls, one at a time.
-	dropEvents bool             // immutable: see watchSpec
-	last       etcdwatch.Header // of the last response handed over
+	last etcdwatch.Header // of the last response handed over
 }
 
 // open starts the watch of spec on g under ctx (wctx, bound to the
@@ -64,7 +63,6 @@ func (cw *watch) handle(ew *etcdwatch.Watch, _ int, r etcdwatch.Response) {
 	switch {
 	case cw.g.isLost():
 		ew.Cancel()
-	case cw.dropEvents && len(r.Events) > 0:
 	default:
 		cw.last = r.Header
 		if !cw.send(toResponse(r)) {
