@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
@@ -81,6 +82,9 @@ func (d *dispatcher) handleSessionEnd() {
 	d.live.Stop()
 	d.l.state.ended(err, d.sessHeard, now)
 	if !d.retryable(err) && !d.refuseTooLarge(err, unsent) {
+		if d.connClosed() && !rpcerr.Final(err) && !rpcerr.Canceled(err) {
+			err = errConnClosing // what ended the stream (a member gone, say) matters no more
+		}
 		d.log.Warn("etcdwatch: watch stream failed", "err", err)
 		d.failed = streamError(err)
 		d.l.state.dead(d.failed) // the Stream's State shows its main lane's (combine)
@@ -113,14 +117,27 @@ func (d *dispatcher) handleSessionEnd() {
 // with err. Refusals about who the caller is or what it asked are final, and
 // so is a connection its owner has closed.
 func (d *dispatcher) retryable(err error) bool {
-	if errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) || errors.Is(err, errUnmatched) {
-		return true
-	}
-	if c := d.s.opts.connectivity; c != nil && c.GetState() == connectivity.Shutdown {
+	switch {
+	case d.connClosed():
 		return false
+	case errors.Is(err, io.EOF) || errors.Is(err, errSilent) || errors.Is(err, errStaleCredentials) || errors.Is(err, errUnmatched):
+		return true
 	}
 	return !rpcerr.Final(err) && !rpcerr.TooLarge(err)
 }
+
+// connClosed reports whether the Stream's connection has been closed by
+// its owner, when it can tell (WithConnectivity, or a *grpc.ClientConn
+// given to Open).
+func (d *dispatcher) connClosed() bool {
+	c := d.s.opts.connectivity
+	return c != nil && c.GetState() == connectivity.Shutdown
+}
+
+// errConnClosing is what a Stream whose connection was closed by its owner
+// fails with, whatever ended its last stream: gRPC's own error for an RPC
+// on a closed connection, which the stream meets when it is open then.
+var errConnClosing = status.Error(codes.Canceled, "grpc: the client connection is closing")
 
 // refuseTooLarge ends the watch whose create broke a message-size limit
 // and so ended the stream (err), and reports whether it found it: the
