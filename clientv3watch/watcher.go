@@ -114,10 +114,13 @@ var errWatcherClosed = fmt.Errorf("clientv3watch: %w", etcdwatch.ErrClosed)
 // the watch (or refused it, or ctx ended), as clientv3 does.
 func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOption) clientv3.WatchChan {
 	spec := specOf(key, opts) // panics where clientv3 does: a lease, limit, sort or filter of Get
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || w.isClosed() {
 		return finished() // as clientv3's: a closed channel, whatever the request
 	}
 	if spec.refusal != "" {
+		if w.connClosed() { // clientv3 sends it on a stream that fails so, as any request
+			return finished(streamEnded(errConnClosing.(grpcError)))
+		}
 		return finished(canceled(spec.refusal))
 	}
 	g, err := w.acquire(ctx)
@@ -128,7 +131,7 @@ func (w *watcher) Watch(ctx context.Context, key string, opts ...clientv3.OpOpti
 		return finished() // closed
 	}
 	wctx, unbind := g.bind(ctx)
-	cw := &watch{w: w, g: g, ctx: ctx, unbind: unbind, dropEvents: spec.dropEvents, out: make(chan clientv3.WatchResponse, 1)}
+	cw := &watch{w: w, g: g, ctx: ctx, unbind: unbind, out: make(chan clientv3.WatchResponse, 1)}
 	ew, err := cw.open(wctx, spec)
 	if err != nil {
 		cw.done(true)
