@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 	"weak"
 
@@ -143,6 +144,7 @@ func (c *core[T]) saveFile() {
 		return
 	}
 	began := time.Now()
+	removeLeftovers(c.opts.warm.path, began)
 	err := writeFile(c.opts.warm.path, func(w io.Writer) error { return c.save(w, s) })
 	if err != nil {
 		c.warm.saveFailures.Add(1)
@@ -191,6 +193,45 @@ func writeFile(path string, write func(io.Writer) error) (err error) {
 		return err
 	}
 	return syncDir(filepath.Dir(path))
+}
+
+// leftoverAge is how long a temporary file of writeFile's must have gone
+// unmodified to be taken for one a crash left behind: a save writes to its
+// own all along, and renames it within moments of its last write.
+const leftoverAge = time.Minute
+
+// removeLeftovers removes the temporary files of writeFile's beside path
+// (path's name, a random number, ".tmp") that no save has modified for
+// leftoverAge at now: each crash during a save leaves one, as large as the
+// state, and a process that crashes as it saves, again and again, would
+// fill its disk with them. Another process's save in progress (a rollout's
+// overlap) is writing its own, and is left alone. Best effort: what cannot
+// be read or removed is left.
+func removeLeftovers(path string, now time.Time) {
+	dir, prefix := filepath.Dir(path), filepath.Base(path)+"."
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !isLeftover(e.Name(), prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) >= leftoverAge {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// isLeftover reports whether name is prefix, decimal digits (os.CreateTemp's
+// random part) and ".tmp".
+func isLeftover(name, prefix string) bool {
+	random, ok := strings.CutPrefix(name, prefix)
+	if !ok {
+		return false
+	}
+	random, ok = strings.CutSuffix(random, ".tmp")
+	return ok && random != "" && strings.Trim(random, "0123456789") == ""
 }
 
 // syncDir makes a rename in dir last. Windows cannot open a directory to

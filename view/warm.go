@@ -70,7 +70,8 @@ func WithRestore(r io.Reader) Option {
 // its Source's end), each time it moved since the last save. A save writes
 // a temporary file of its own beside path (path.*.tmp), syncs it and renames
 // it over path, so that a crash leaves the old state or the new one, whole
-// (and perhaps that temporary file); the file keeps the mode of the one it
+// (and perhaps that temporary file, which a later save removes once it
+// has gone unmodified for a minute); the file keeps the mode of the one it
 // replaces, and a new one is 0600. A failed save is logged at
 // Warn and counted in Stats.SaveFailures. Each save writes the whole state:
 // choose the interval by its size. One file per view state: two views

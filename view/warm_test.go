@@ -955,3 +955,40 @@ func TestRestoredStateNotMovedIsNotSavedAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, os.SameFile(before, after), "the file was written again, though the state did not move since it was saved")
 }
+
+// TestStateFileRemovesLeftoversOfCrashedSaves: a save removes the
+// temporary files that saves a crash interrupted left beside its file
+// (unmodified for a minute), so that a process crashing as it saves, again
+// and again, does not fill its disk; a young one, which may be another
+// process's save in progress, and files that only look alike stay.
+func TestStateFileRemovesLeftoversOfCrashedSaves(t *testing.T) {
+	h := newHarness(t)
+	putKeys(h.server.KV(), 1)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "v.state")
+	old := time.Now().Add(-time.Hour)
+	file := func(name string, mod time.Time) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("x"), 0o600))
+		require.NoError(t, os.Chtimes(p, mod, mod))
+		return p
+	}
+	left := []string{file("v.state.123.tmp", old), file("v.state.9.tmp", old)}
+	kept := []string{
+		file("v.state.456.tmp", time.Now()), // young: perhaps a save in progress
+		file("v.state.x1.tmp", old),         // not os.CreateTemp's
+		file("v.state.tmp", old),
+		file("w.state.123.tmp", old), // another file's
+		file("123.tmp", old),
+	}
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, 0))
+	require.NoError(t, vh.v.Close()) // saves
+	require.Equal(t, vh.id, h.srv.RecvCancel(t))
+	for _, p := range left {
+		require.NoFileExists(t, p)
+	}
+	for _, p := range kept {
+		require.FileExists(t, p)
+	}
+	require.FileExists(t, path)
+}
