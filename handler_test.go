@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -551,7 +552,7 @@ func TestHandlerBeginsNoCallAfterClose(t *testing.T) {
 	server := ws.Start(t)
 	obs := etcdwatch.NewObserver()
 	s, err := etcdwatch.Open(server.Dial(t), etcdwatch.WithObserver(obs), etcdwatch.WithProgressRetry(time.Hour, time.Hour),
-		etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(1<<40))
+		etcdwatch.WithBufferLimit(1<<30), etcdwatch.WithBufferBytes(math.MaxInt))
 	require.NoError(t, err)
 	srv := server.Accept(t)
 	var closed, late atomic.Bool

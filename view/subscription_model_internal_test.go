@@ -35,7 +35,6 @@ type mview struct {
 	truth    map[int64]map[string]mkv
 	rev      int64 // the view's
 	from     int64
-	lastProg int64
 }
 
 // bump makes a store revision, changing the range or not.
