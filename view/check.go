@@ -84,7 +84,7 @@ func (c *comparison[T]) stateOnly(key string, _ Entry[T]) { c.report(key) }
 func (c *comparison[T]) listedOnly(kv *mvccpb.KeyValue)   { c.report(string(kv.Key)) }
 
 func (c *comparison[T]) both(e Entry[T], kv *mvccpb.KeyValue) {
-	if e.ModRevision != kv.ModRevision || e.CreateRevision != kv.CreateRevision || e.Version != kv.Version || e.Lease != kv.Lease {
+	if !sameRecord(e, kv) {
 		c.report(e.Key)
 	}
 }

@@ -185,11 +185,22 @@ func (c *core[T]) statsNow() Stats {
 	}
 }
 
-// entry decodes a value into an Entry; a decode error is kept in it.
+// entry decodes a value into an Entry; a decode error is kept in it, and
+// counted.
 func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int64) Entry[T] {
+	e := c.decodeEntry(key, k, v, create, mod, version, lease)
+	if e.Err != nil {
+		c.stats.decodeErrors.Add(1)
+	}
+	return e
+}
+
+// decodeEntry is entry without counting a decode error: for a listing,
+// which counts those of the state it installs only, not those of tries
+// that failed.
+func (c *core[T]) decodeEntry(key string, k, v []byte, create, mod, version, lease int64) Entry[T] {
 	val, err := c.decode(k, v)
 	if err != nil {
-		c.stats.decodeErrors.Add(1)
 		c.log.Debug("etcdwatch: view cannot decode a value", "key", string(k), "revision", mod, "err", err)
 		var zero T
 		val = zero

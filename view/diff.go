@@ -11,13 +11,14 @@ import (
 // entry: it is neither decoded again nor reported. A merge walks the two;
 // the differ is its outcomes. Owned by the goroutine listing.
 type differ[T any] struct {
-	c      *core[T]
-	walk   *merge[Entry[T]]
-	ed     *tableEditor[T]
-	raw    raws // the values as sent, for Save (WithSave; save.go)
-	bytes  int64
-	record bool // keep changes: not for the first listing
-	build  bool // the base is empty: keys arrive in order, so Append
+	c       *core[T]
+	walk    *merge[Entry[T]]
+	ed      *tableEditor[T]
+	raw     raws // the values as sent, for Save (WithSave; save.go)
+	bytes   int64
+	record  bool   // keep changes: not for the first listing
+	refused uint64 // values the decoder refused, counted once the state is installed
+	build   bool   // the base is empty: keys arrive in order, so Append
 
 	changes []Change[T] // dated once the listing's revision is known (relisted)
 }
@@ -49,18 +50,31 @@ func (d *differ[T]) listedOnly(kv *mvccpb.KeyValue) {
 	}
 }
 
-// both replaces old, whose key the listing has, if its revision moved.
+// both replaces old, whose key the listing has, if its record differs:
+// its revision moved or, at the same revision, it was held wrong.
 func (d *differ[T]) both(old Entry[T], kv *mvccpb.KeyValue) {
-	if old.ModRevision == kv.ModRevision {
+	if sameRecord(old, kv) {
 		return
 	}
 	e := d.entry(old.Key, kv)
 	d.ed.Set(&e)
 	d.raw.set(e.Key, kv.Value)
 	d.bytes += int64(e.size - old.size)
-	if d.record {
-		d.changes = replaced(d.changes, e, old.CreateRevision, old.ModRevision, func() *Entry[T] { return kept(old) })
+	if !d.record {
+		return
 	}
+	if old.ModRevision == kv.ModRevision { // the same revision, recorded wrong: what the integrity check finds, repaired
+		d.note(Change[T]{Kind: Updated, Key: e.Key, Entry: kept(e), Prev: kept(old)})
+		return
+	}
+	d.changes = replaced(d.changes, e, old.CreateRevision, old.ModRevision, func() *Entry[T] { return kept(old) })
+}
+
+// sameRecord reports whether e is kv as the state should hold it: the same
+// revisions, version and lease. The integrity check and a relist compare
+// alike, so that a relist repairs whatever a check found.
+func sameRecord[T any](e Entry[T], kv *mvccpb.KeyValue) bool {
+	return e.ModRevision == kv.ModRevision && e.CreateRevision == kv.CreateRevision && e.Version == kv.Version && e.Lease == kv.Lease
 }
 
 // replaced appends the changes that took a key from its earlier form, of
@@ -90,7 +104,11 @@ func (d *differ[T]) stateOnly(key string, old Entry[T]) {
 }
 
 func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) Entry[T] {
-	return d.c.entry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	e := d.c.decodeEntry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	if e.Err != nil {
+		d.refused++
+	}
+	return e
 }
 
 func (d *differ[T]) note(ch Change[T]) { d.changes = append(d.changes, ch) }

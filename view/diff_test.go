@@ -52,7 +52,7 @@ func TestDiffer(t *testing.T) {
 			d := newDiffer(c, base, true)
 			defer d.stop()
 			for _, kv := range tc.got {
-				require.NoError(t, d.take(&mvccpb.KeyValue{Key: []byte(kv.key), Value: []byte("v"), CreateRevision: kv.create, ModRevision: kv.mod}))
+				require.NoError(t, d.take(&mvccpb.KeyValue{Key: []byte(kv.key), Value: []byte("v"), CreateRevision: kv.create, ModRevision: kv.mod, Version: 1}))
 			}
 			d.finish(20)
 			var got []string

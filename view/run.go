@@ -164,6 +164,7 @@ func (r *runner[T]) listAndWatch() error {
 		return err
 	}
 	r.install(d.ed, d.raw, rev, d.bytes, r.list.cluster, w)
+	r.stats.decodeErrors.Add(d.refused)
 	if first {
 		r.publishFirst()
 		return nil

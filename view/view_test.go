@@ -801,3 +801,45 @@ func TestViewRetriesAWatchNotConfirmedInTime(t *testing.T) {
 	t.Cleanup(func() { r.v.Close() })
 	require.Equal(t, 2, r.v.Len())
 }
+
+// TestRepairFixesWhatTheCheckFound: a key whose ModRevision is right
+// but whose Version is not (a server or client fault, which is what the
+// check is for) is found by the integrity check, which asks for a relist;
+// the relist must repair it. The differ kept every entry whose ModRevision
+// did not move, so the wrong entry stayed, and every check after found it
+// again and listed again.
+func TestRepairFixesWhatTheCheckFound(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	ev := kv.PutEvent("v/a", "1")
+	ev.Kv.Version = 7 // the store says 1
+	vh.send(ev)
+	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
+	vh.confirm()
+	for {
+		b := nextBatch(t, sub)
+		if b.Kind == view.Relisted {
+			break
+		}
+	}
+	e, ok := vh.v.Get("v/a")
+	require.True(t, ok)
+	require.EqualValues(t, 1, e.Version, "the relist kept the entry the check found wrong")
+}
+
+// TestDecodeErrorsCountedOncePerValue: a listing that fails after
+// its first page and is tried again decodes that page again; a value the
+// decoder refused was counted each time.
+func TestDecodeErrorsCountedOncePerValue(t *testing.T) {
+	h := newHarness(t, etcdwatch.WithReconnectBackoff(time.Millisecond, time.Millisecond))
+	kv := h.server.KV()
+	kv.Put("v/a", "{")
+	kv.Put("v/b", `{"N":1}`)
+	kv.FailNext(nil, status.Error(codes.Unavailable, "leader changed"))
+	vh := openView(h, view.DecodeJSON[config], view.WithPageSize(1), view.WithPageBytes(0))
+	require.Equal(t, 2, vh.v.Len())
+	require.EqualValues(t, 1, vh.v.Stats().DecodeErrors, "one value refused")
+}
