@@ -17,6 +17,7 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -1228,4 +1229,37 @@ func awaitWaitingForConnection(t *testing.T, s *etcdwatch.Stream) {
 	t.Helper()
 	require.Eventually(t, func() bool { return strings.Contains(fmt.Sprint(s.State().LastError), "scripted") },
 		wait, time.Millisecond, "the stream never waited for a connection")
+}
+
+// shutConn is a *grpc.ClientConn whose state reads Shutdown once shut.
+type shutConn struct {
+	*grpc.ClientConn
+	shut *atomic.Bool
+}
+
+func (c shutConn) GetState() connectivity.State {
+	if c.shut.Load() {
+		return connectivity.Shutdown
+	}
+	return c.ClientConn.GetState()
+}
+
+// TestEOFOnAClosedConnectionIsNotRetried: a stream the server ends cleanly
+// (io.EOF) once the connection reads Shutdown is not replaced, and the
+// watches end with gRPC's Canceled. An EOF was retried before the
+// connection's state was looked at: a new stream, a reconnect counted.
+func TestEOFOnAClosedConnectionIsNotRetried(t *testing.T) {
+	server := ws.Start(t)
+	var shut atomic.Bool
+	s, err := etcdwatch.Open(shutConn{server.Dial(t), &shut})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	h := &harness{t: t, s: s, server: server, srv: server.Accept(t)}
+	w := h.watch(etcdwatch.Key("a"), 1)
+	shut.Store(true)
+	h.srv.Close(nil) // a clean end: io.EOF
+	err = ended(t, w)
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	require.Zero(t, s.Stats().Reconnects, "a closed connection was retried")
 }

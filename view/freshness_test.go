@@ -530,7 +530,7 @@ func TestSubscribeFromBeforeTheViewIsNotAFallBehind(t *testing.T) {
 }
 
 // TestSubscribeRacingClose: subscriptions made while their View closes,
-// and ones whose context ends at once, all end, and none stays counted.
+// and ones whose context ends at once, all end.
 func TestSubscribeRacingClose(t *testing.T) {
 	h := newHarness(t)
 	kv := h.server.KV()
@@ -564,6 +564,26 @@ func TestSubscribeRacingClose(t *testing.T) {
 			}
 			cancel()
 		}
-		require.Zero(t, w.Stats().Subscribers)
 	}
+}
+
+// TestSubscribeEndedCtxNotCounted: on an open View, subscriptions whose
+// context ended at once or soon after are no longer counted once Err says
+// they ended.
+func TestSubscribeEndedCtxNotCounted(t *testing.T) {
+	h := newHarness(t)
+	putKeys(h.server.KV(), 2)
+	vh := openView(h, view.DecodeBytes)
+	w := vh.v.Share()
+	defer w.Close()
+	for i := range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		if i%2 == 0 {
+			cancel()
+		}
+		s := w.Subscribe(ctx, 0)
+		cancel()
+		require.Error(t, s.Err())
+	}
+	require.Zero(t, w.Stats().Subscribers, "ended subscriptions still counted")
 }
