@@ -146,11 +146,12 @@ type cached struct {
 // newMapFeed is the map contender: a Watch whose consumer keeps each
 // event's key and value in a map, as a hand-written cache would, with none
 // of a view's snapshots, history or subscribers. It keeps each event's
-// value as the Stream gave it (its buffer is the event's own), and makes a
-// string of a key only when the key is new.
+// value as the Stream gave it (its buffer is the event's own), updates a
+// key it holds in place, and makes a string of a key only when the key is
+// new.
 func newMapFeed(b *testing.B, per int) *applyFeed {
 	f, w := watchFeed(b, per)
-	keys := make(map[string]cached, applyKeys)
+	keys := make(map[string]*cached, applyKeys)
 	f.consume = func(b *testing.B, n int) {
 		for got := 0; got < n; {
 			r, ok := <-w.Responses()
@@ -162,7 +163,12 @@ func newMapFeed(b *testing.B, per int) *applyFeed {
 					delete(keys, string(e.Key))
 					continue
 				}
-				keys[string(e.Key)] = cached{e.Value, e.CreateRevision, e.ModRevision, e.Version, e.Lease}
+				c := cached{e.Value, e.CreateRevision, e.ModRevision, e.Version, e.Lease}
+				if held, ok := keys[string(e.Key)]; ok { // a lookup makes no string
+					*held = c
+				} else {
+					keys[string(e.Key)] = &c
+				}
 			}
 			got += len(r.Events)
 		}
