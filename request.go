@@ -21,7 +21,7 @@ type Request struct {
 	PrevKV bool
 	// NoPut and NoDelete filter out puts or deletes. Both together make a
 	// watch of bookmarks alone: the answers to RequestProgress and, with
-	// ProgressNotify, the server's own, a heartbeat of the range's
+	// ProgressNotify, the server's own, a heartbeat of the store's
 	// revision. etcd sends such a watch no event, however large.
 	NoPut, NoDelete bool
 	// ProgressNotify asks the server for periodic bookmarks on an idle watch.
@@ -80,8 +80,8 @@ func (r Request) WithProgressNotify() Request { r.ProgressNotify = true; return 
 // WithFragment returns r allowing the server to fragment huge revisions.
 func (r Request) WithFragment() Request { r.Fragment = true; return r }
 
-// Validate reports why the server would refuse r, or why r could never
-// deliver an event. Errors wrap ErrInvalidRequest and name the field.
+// Validate reports why the server would refuse r, or why r's range holds
+// no key. Errors wrap ErrInvalidRequest and name the field.
 func (r Request) Validate() error {
 	switch {
 	case len(r.Key) == 0 && r.End == nil:

@@ -17,7 +17,7 @@ type Stats struct {
 	Responses         uint64 // responses received from the server
 	Events            uint64 // events handed to their watches for consumers (a watch canceled meanwhile drops them)
 	Fragments         uint64 // fragment responses joined into whole revisions
-	DuplicatesDropped uint64 // events at or below a watch's revision that were dropped
+	DuplicatesDropped uint64 // events at or below a watch's revision that were dropped, but for those of a revision asked for again on a resume
 	UnknownResponses  uint64 // responses for watch ids the stream did not know
 	IDsRewritten      bool   // the server chose its own watch ids (a gRPC proxy)
 	Reconnects        uint64 // gRPC streams replaced after they ended

@@ -94,7 +94,7 @@ func isNil(conn grpc.ClientConnInterface) bool {
 }
 
 // Watch opens a watch and returns once the server has confirmed it, so that
-// its events start right after the revision the server reported. ctx bounds
+// no write after the call returns is missed. ctx bounds
 // both the wait and the watch's life: when ctx ends, the watch ends with
 // ctx's cause. An invalid Request is refused with an error wrapping
 // ErrInvalidRequest; a create refused by the server returns a *ServerError.

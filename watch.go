@@ -45,9 +45,10 @@ func newWatch(l *lane, r Request, i int, h *Handler) *Watch {
 func (w *Watch) ID() int64 { return w.id.Load() }
 
 // CreatedRevision returns the store's revision when the server first
-// confirmed the watch (the header revision of its created response): the
-// revision a "from now" watch starts after, as clientv3's created
-// notification gives it.
+// confirmed the watch (the header revision of its created response), as
+// clientv3's created notification gives it. A "from now" watch may still
+// deliver events at or below it (writes racing the create: etcd reads the
+// header after registering the watch), so it is no exclusive lower bound.
 func (w *Watch) CreatedRevision() int64 { return w.createdRev }
 
 // Request returns the request the watch was opened with.

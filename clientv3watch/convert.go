@@ -170,7 +170,7 @@ type grpcError interface {
 // isHaltErr). etcdwatch retries more: it ends a stream for good only on
 // PermissionDenied, Unauthenticated, InvalidArgument, Unimplemented, a
 // response above the receive limit (ResourceExhausted) or a closed
-// connection (which may end it with any code), and opens another on the
+// connection (Canceled), and opens another on the
 // rest, where clientv3 ends its watches (see README). So the errors that
 // reach streamEnded halt.
 func halts(err grpcError) bool {

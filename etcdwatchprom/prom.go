@@ -31,7 +31,7 @@
 //	etcdwatch_responses_total                 counter  Stats.Responses: responses received from the server
 //	etcdwatch_events_total                    counter  Stats.Events: events queued for consumers
 //	etcdwatch_fragments_total                 counter  Stats.Fragments: fragment responses joined into whole revisions
-//	etcdwatch_duplicates_dropped_total        counter  Stats.DuplicatesDropped: events at or below a watch's revision, dropped
+//	etcdwatch_duplicates_dropped_total        counter  Stats.DuplicatesDropped: events at or below a watch's revision, dropped (but for a revision asked for again on a resume)
 //	etcdwatch_unknown_responses_total         counter  Stats.UnknownResponses: responses for watch ids the stream did not know
 //	etcdwatch_reconnects_total                counter  Stats.Reconnects: gRPC streams replaced after they ended
 //	etcdwatch_watches_moved_total             counter  Stats.Moved: watches re-created on a new stream after a reconnect
