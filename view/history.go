@@ -20,8 +20,7 @@ type history[T any] struct {
 	floor   int64         // items hold every change after this revision
 	changed chan struct{} // closed, and replaced, at each publication; closed for good at the end
 	over    bool          // the view has ended
-	origin  int64         // floor's first value: the history never held changes up to it
-	started bool          // origin is set: the first publication is made
+	origin  int64         // floor's first value, a store revision (>= 1), set at the first publication: the history never held changes up to it; 0 before
 }
 
 type histItem[T any] struct {
@@ -60,8 +59,8 @@ func (h *history[T]) publish(snap *atomic.Pointer[Snapshot[T]], s *Snapshot[T], 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	snap.Store(s)
-	if !h.started {
-		h.origin, h.started = h.floor, true
+	if h.origin == 0 {
+		h.origin = h.floor
 	}
 	for _, b := range bs {
 		h.push(b)

@@ -233,6 +233,20 @@ func TestSubscriptionModel(t *testing.T) {
 	}
 }
 
+// read checks up to n of the batches sub has ready (n < 0: all of them).
+func (m *mview) read(sub *msub, n int) {
+	for ; n != 0; n-- {
+		b, wait, err := sub.s.poll()
+		if err != nil {
+			m.t.Fatal(err)
+		}
+		if wait != nil {
+			return
+		}
+		m.check(sub, b)
+	}
+}
+
 // runModel runs the model of seed.
 func runModel(t *testing.T, seed uint64) {
 	rnd := rand.New(rand.NewPCG(seed, 1))
@@ -282,29 +296,11 @@ func runModel(t *testing.T, seed uint64) {
 			subs = append(subs, sub)
 		}
 		for _, sub := range subs {
-			for range rnd.IntN(3) {
-				b, wait, err := sub.s.poll()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if wait != nil {
-					break
-				}
-				m.check(sub, b)
-			}
+			m.read(sub, rnd.IntN(3))
 		}
 	}
 	for _, sub := range subs {
-		for {
-			b, wait, err := sub.s.poll()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if wait != nil {
-				break
-			}
-			m.check(sub, b)
-		}
+		m.read(sub, -1)
 		if !maps.Equal(sub.state, m.truth[m.rev]) {
 			t.Fatalf("%s: ends at %d with %v, the view at %d holds %v", sub.desc, sub.rev, sub.state, m.rev, m.truth[m.rev])
 		}
