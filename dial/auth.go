@@ -121,8 +121,11 @@ func (a *tokenAuth) get(ctx context.Context, cc *grpc.ClientConn, opts []grpc.Ca
 	ready := rpcerr.WaitsForReady(opts)
 	for {
 		tok, err := a.getOnce(ctx, cc)
-		if err == nil || !ready || ctx.Err() != nil || !passing(err) {
+		switch {
+		case err == nil || !ready || !passing(err):
 			return tok, err
+		case ctx.Err() != nil: // it ended while the RPC waited: the RPC's own error, as gRPC gives a waiting one
+			return "", status.FromContextError(ctx.Err()).Err()
 		}
 		awaitReady(ctx, cc)
 	}
