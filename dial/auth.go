@@ -160,6 +160,11 @@ func passing(err error) bool {
 	return false
 }
 
+// testHookAwaitTurn, set by tests only, is called by each caller of
+// getOnce about to wait for the turn, once it has noted tries: an
+// Authenticate that ends after this call is one it waited for.
+var testHookAwaitTurn func()
+
 // getOnce is one try of get.
 func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, error) {
 	if tok, ok, err := a.current(); ok || err != nil {
@@ -168,6 +173,9 @@ func (a *tokenAuth) getOnce(ctx context.Context, cc *grpc.ClientConn) (string, e
 	a.mu.Lock()
 	tries := a.tries
 	a.mu.Unlock()
+	if testHookAwaitTurn != nil {
+		testHookAwaitTurn()
+	}
 	select {
 	case a.turn <- struct{}{}:
 	case <-ctx.Done():

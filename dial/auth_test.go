@@ -619,9 +619,9 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 	srv := grpc.NewServer()
 	pb.RegisterAuthServer(srv, s)
 	serve(t, srv, lis)
-	ranges, spy := counting(pb.KV_Range_FullMethodName)
-	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
-		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	var waiting atomic.Int64 // RPCs that have noted the Authenticates made so far and wait for their turn
+	dial.OnAwaitAuthTurn(t, func() { waiting.Add(1) })
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	kv := pb.NewKVClient(conn)
@@ -643,7 +643,11 @@ func TestAuthConcurrentCallsShareAFailedAuthenticate(t *testing.T) {
 	for range n - 1 {
 		go call()
 	}
-	require.Eventually(t, func() bool { return ranges.Load() == n }, wait, time.Millisecond, "every RPC made")
+	// Every RPC waits for the Authenticate under way. Counted as it
+	// reached an interceptor of the application's, an RPC could note the
+	// Authenticates made only after that one had failed, and make its own
+	// (1 run in 25 to 300).
+	require.Eventually(t, func() bool { return waiting.Load() == n }, wait, time.Millisecond, "every RPC waiting for the Authenticate")
 	close(s.release)
 	start := time.Now()
 	for range n {
@@ -685,9 +689,10 @@ func (c *heldFailingOnce) RequireTransportSecurity() bool { return false }
 func TestAuthClientSideFailureIsNotShared(t *testing.T) {
 	a := startAuthServer(t, "pw")
 	creds := &heldFailingOnce{entered: make(chan struct{}), release: make(chan struct{})}
-	ranges, spy := counting(pb.KV_Range_FullMethodName)
+	var waiting atomic.Int64 // as in TestAuthConcurrentCallsShareAFailedAuthenticate
+	dial.OnAwaitAuthTurn(t, func() { waiting.Add(1) })
 	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
-		dial.WithGRPCOptions(grpc.WithPerRPCCredentials(creds), grpc.WithChainUnaryInterceptor(spy)))
+		dial.WithGRPCOptions(grpc.WithPerRPCCredentials(creds)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	kv := pb.NewKVClient(conn)
@@ -702,7 +707,7 @@ func TestAuthClientSideFailureIsNotShared(t *testing.T) {
 		t.Fatal("Authenticate was never asked")
 	}
 	go func() { _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("b")}); second <- err }()
-	require.Eventually(t, func() bool { return ranges.Load() == 2 }, wait, time.Millisecond, "the second RPC made")
+	require.Eventually(t, func() bool { return waiting.Load() == 2 }, wait, time.Millisecond, "the second RPC waiting for the first's Authenticate")
 	close(creds.release)
 	require.Equal(t, codes.Unauthenticated, status.Code(<-first), "the RPC whose credentials failed")
 	require.NoError(t, <-second, "the RPC that waited for it: a client-side failure of another call is not the server's answer")
