@@ -57,3 +57,7 @@ func SavedCluster(b []byte) (uint64, error) {
 	_, h, err := readHeader(bytes.NewReader(b))
 	return h.cluster, err
 }
+
+// SaveStateFileNow has v's WithStateFile save now, as a tick of its save
+// loop does (WithStateFile(path, 0): the loop never ticks).
+func SaveStateFileNow[T any](v *View[T]) { v.core.saveFile() }

@@ -369,8 +369,17 @@ func (r *runner[T]) publishFirst() {
 
 // publish makes the editor's state the view's, with bs as the steps to it.
 func (r *runner[T]) publish(bs ...Batch[T]) {
-	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev && len(bs) == 0 {
-		return // nothing moved
+	if cur := r.snap.Load(); cur != nil && cur.rev == r.rev {
+		if len(bs) == 0 {
+			return // nothing moved
+		}
+		if cur.listing == r.listing {
+			// The steps alone (a held progress batch): the state is the one
+			// published, which a listing changes only with its revision.
+			// Keeping the Snapshot keeps saveFile from writing it again.
+			r.hist.publish(&r.snap, cur, bs)
+			return
+		}
 	}
 	r.hist.publish(&r.snap, &Snapshot[T]{m: r.ed.Map(), rev: r.rev, bytes: r.bytes, raw: r.raw.freeze(), cluster: r.cluster, listing: r.listing}, bs)
 }

@@ -956,6 +956,41 @@ func TestRestoredStateNotMovedIsNotSavedAgain(t *testing.T) {
 	require.True(t, os.SameFile(before, after), "the file was written again, though the state did not move since it was saved")
 }
 
+// TestHeldProgressBatchIsNotSavedAgain: a view moved by a bookmark within
+// progressGap of its last progress batch publishes the new revision at
+// once and its progress batch later. That later publication changes
+// nothing (same revision, same listing), so the state file, saved at that
+// revision in between, is not written again. Catches: the progress batch
+// published with a new Snapshot, which saveFile (identity) takes for a
+// state never saved: a whole-file write on an idle view. (On a machine
+// slow enough that the second Sync comes after progressGap, there is no
+// later publication and the test shows nothing.)
+func TestHeldProgressBatchIsNotSavedAgain(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	path := filepath.Join(t.TempDir(), "v.state")
+	vh := openView(h, view.DecodeBytes, view.WithStateFile(path, 0))
+	kv.Put("w/a", "1")
+	syncAnswered(t, vh) // a progress batch
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	kv.Put("w/b", "1")
+	syncAnswered(t, vh) // within progressGap: published now, its progress batch later
+	x := vh.v.Revision()
+	before := vh.v.Snapshot()
+	view.SaveStateFileNow(vh.v)
+	saved, err := os.Stat(path)
+	require.NoError(t, err)
+	p := nextBatch(t, sub) // the held progress batch to x
+	require.Equal(t, x, p.Revision)
+	require.Empty(t, p.Changes)
+	require.Equal(t, x, vh.v.Revision(), "nothing moved")
+	view.SaveStateFileNow(vh.v)
+	after, err := os.Stat(path)
+	require.NoError(t, err)
+	require.True(t, os.SameFile(saved, after), "the file was written again at unchanged revision %d (a new Snapshot: %v)", x, before != vh.v.Snapshot())
+}
+
 // TestStateFileRemovesLeftoversOfCrashedSaves: a save removes the
 // temporary files that saves a crash interrupted left beside its file
 // (unmodified for a minute), so that a process crashing as it saves, again
