@@ -57,9 +57,10 @@
 //   - A final response waits for its reader as long as the watch's
 //     context lives; clientv3 gives up on it after 250 ms and closes the
 //     channel without it.
-//   - RequestProgress is repeated until the server answers (etcd 3.6 and
-//     later ignore a request while a watch on the stream catches up, and
-//     clientv3's is then lost), and at most one is outstanding per stream.
+//   - RequestProgress is repeated until the server answers (etcd 3.4.31+,
+//     3.5.13+ and 3.6+ ignore a request while a watch on the stream catches
+//     up, and 3.4.25-3.4.30 and 3.5.8-3.5.12 can lose one; clientv3's is
+//     then lost), and at most one is outstanding per stream.
 //     On etcd 3.4.0-3.4.24 and 3.5.0-3.5.7, whose answers can run ahead
 //     of events (etcd #15220, etcdwatch.ErrProgressUnsupported), it sends
 //     nothing (the Stream logs a warning when it learns the release);

@@ -66,7 +66,7 @@
 //	etcdwatch_view_bytes                       gauge    Bytes: bytes of those keys and values as stored
 //	etcdwatch_view_revision                    gauge    Revision: every change of the range up to it is applied
 //	etcdwatch_view_lag_revisions               gauge    Lag: the highest revision the Stream has seen minus Revision
-//	etcdwatch_view_relists_total               counter  Relists: listings after the first (compactions, gaps, repairs)
+//	etcdwatch_view_relists_total               counter  Relists: listings that replaced a state (compactions, repairs)
 //	etcdwatch_view_resyncs_total               counter  Resyncs: whole states given to subscribers that fell behind
 //	etcdwatch_view_decode_errors_total         counter  DecodeErrors: values the decode function refused
 //	etcdwatch_view_integrity_checks_total      counter  IntegrityChecks: comparisons with the server completed

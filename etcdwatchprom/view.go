@@ -47,7 +47,7 @@ func NewView(name string, r etcdwatch.Request, v ViewSource) *ViewCollector {
 		bytes:        desc("bytes", "Bytes of the view's keys and values as stored."),
 		revision:     desc("revision", "The view's revision: every change of its range up to it is applied."),
 		lag:          desc("lag_revisions", "The highest revision its Stream has seen minus the view's revision."),
-		relists:      desc("relists_total", "Listings of the range after the first: compactions, gaps, repairs."),
+		relists:      desc("relists_total", "Listings of the range that replaced a state (a restored one too): after compactions, and repairs."),
 		resyncs:      desc("resyncs_total", "Whole states given to subscribers that fell behind the history."),
 		decodeErrors: desc("decode_errors_total", "Values the view's decode function refused."),
 		checks:       desc("integrity_checks_total", "Comparisons of the view with the server completed."),

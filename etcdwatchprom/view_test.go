@@ -54,7 +54,7 @@ etcdwatch_view_keys{range="keys [\"a/\", \"a0\")",view="v"} 7
 # HELP etcdwatch_view_lag_revisions The highest revision its Stream has seen minus the view's revision.
 # TYPE etcdwatch_view_lag_revisions gauge
 etcdwatch_view_lag_revisions{range="keys [\"a/\", \"a0\")",view="v"} 3
-# HELP etcdwatch_view_relists_total Listings of the range after the first: compactions, gaps, repairs.
+# HELP etcdwatch_view_relists_total Listings of the range that replaced a state (a restored one too): after compactions, and repairs.
 # TYPE etcdwatch_view_relists_total counter
 etcdwatch_view_relists_total{range="keys [\"a/\", \"a0\")",view="v"} 2
 # HELP etcdwatch_view_resyncs_total Whole states given to subscribers that fell behind the history.

@@ -26,7 +26,8 @@ type Entry[T any] struct {
 // gives each one a buffer of its own) and must not modify key; nor value,
 // in a view that saves its state (WithSave), which keeps value to save it
 // as the server sent it. It is called from the view's own goroutine, one
-// value at a time.
+// value at a time, so it must not Close the last View of its state (see
+// View.Close).
 type Decoder[T any] func(key, value []byte) (T, error)
 
 // DecodeBytes is the Decoder of a plain view: the value as it was stored.

@@ -8,7 +8,7 @@ type Stats struct {
 	Bytes               int64  // bytes of those keys and their values as stored
 	Revision            int64  // the view's revision
 	Lag                 int64  // the highest revision the Source has seen minus Revision; a range nobody writes lags until its next bookmark; once the view has ended, what it was then
-	Relists             uint64 // listings after the first: compactions, gaps, repairs
+	Relists             uint64 // listings that replaced a state (a restored one too): after compactions, and repairs
 	Resyncs             uint64 // whole states given to this View's subscribers that fell behind
 	DecodeErrors        uint64 // values the decode function refused
 	IntegrityChecks     uint64 // comparisons with the server completed (WithIntegrityCheck)

@@ -354,6 +354,9 @@ func (v *View[T]) endedCopy() *View[T] {
 // Close ends the view and its subscriptions. The state, its watch and its
 // goroutines go with the last View of it, and Close then waits for them. It
 // is idempotent and always returns nil; once it returns, Done is closed.
+// So the state's own goroutine must not close its last View: a Decoder (or
+// a Source's method) that does waits for itself and never returns; it may
+// start a goroutine to do it.
 func (v *View[T]) Close() error {
 	v.once.Do(func() {
 		v.cancel(ErrClosed)
