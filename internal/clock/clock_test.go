@@ -91,3 +91,49 @@ func TestStoppableIsNilWhileStopped(t *testing.T) {
 		t.Fatal("stopped Stoppable has a channel")
 	}
 }
+
+// TestStoppableStopDisarms: Stop disarms the timer under it, so that a
+// Reset after it starts afresh rather than finding the old deadline's
+// value. Catches a Stop that only drops the channel.
+func TestStoppableStopDisarms(t *testing.T) {
+	f := NewFake()
+	var s Stoppable
+	s.Reset(f, time.Second)
+	s.Stop()
+	if got := f.Armed(); len(got) != 0 {
+		t.Fatalf("Armed after Stop = %v, want none", got)
+	}
+}
+
+// TestFakeResetToZeroFiresAtOnce: a timer reset to 0 fires without an
+// Advance, as time.Timer does, and a positive delay does not.
+func TestFakeResetToZeroFiresAtOnce(t *testing.T) {
+	f := NewFake()
+	tm := f.NewTimer(time.Second)
+	tm.Reset(time.Nanosecond)
+	if fired(tm) {
+		t.Fatal("a timer reset to 1ns fired before the clock moved")
+	}
+	tm.Reset(0)
+	if !fired(tm) {
+		t.Fatal("a timer reset to 0 did not fire at once")
+	}
+}
+
+// TestAwaitArmedInTakesOnlyItsRange: AwaitArmedIn returns for a timer
+// armed within [lo, hi] alone, and with its delay.
+func TestAwaitArmedInTakesOnlyItsRange(t *testing.T) {
+	f := NewFake()
+	f.NewTimer(time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := f.AwaitArmedIn(ctx, 2*time.Second, 3*time.Second); ok {
+		t.Fatal("a timer armed below the range was taken")
+	}
+	if _, ok := f.AwaitArmedIn(ctx, 0, time.Second/2); ok {
+		t.Fatal("a timer armed above the range was taken")
+	}
+	if d, ok := f.AwaitArmedIn(ctx, time.Second/2, 2*time.Second); !ok || d != time.Second {
+		t.Fatalf("AwaitArmedIn = %v, %v; want 1s, true", d, ok)
+	}
+}
