@@ -23,9 +23,9 @@ func (c createCmd) handle(d *dispatcher) { d.handleCreate(c.ws, c.ctx) }
 // refuse ends every watch of c, telling Stream.open why.
 func (c createCmd) refuse(err error) {
 	for _, w := range c.ws {
+		w.lane.s.stats.watches.Add(-1) // counted by the call (Stream.open); first, as in handleCreate
 		w.tellCreated(err)
 		w.abort(err)
-		w.lane.s.stats.watches.Add(-1) // counted by the call (Stream.open)
 	}
 }
 

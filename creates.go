@@ -12,9 +12,13 @@ import (
 func (d *dispatcher) handleCreate(ws []*Watch, ctx context.Context) {
 	for _, w := range ws {
 		if d.failed != nil {
+			// Never tracked: done, so that the cancel the caller sends as
+			// it gives up (Stream.open) releases nothing a second time; and
+			// counted no more before the caller is told.
+			w.entry.state = stateDone
+			d.s.stats.watches.Add(-1)
 			w.tellCreated(d.failed)
 			w.abort(d.failed)
-			d.s.stats.watches.Add(-1)
 			continue
 		}
 		d.bind(w, ctx)

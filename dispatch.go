@@ -223,21 +223,21 @@ func (d *dispatcher) forget(w *Watch) {
 // server's or the stream's, and forgets it. Its consumer still gets what
 // was buffered for it.
 func (d *dispatcher) endWatch(w *Watch, err error) {
+	d.forget(w) // first: whoever hears of the end finds it counted no more
 	if !w.entry.is(probe) {
 		w.tellCreated(err)
 		w.finish(err)
 	}
-	d.forget(w)
 }
 
 // abortWatch ends a watch the dispatcher still tracks at once, its backlog
 // dropped, and forgets it.
 func (d *dispatcher) abortWatch(w *Watch, err error) {
+	d.forget(w) // first, as in endWatch
 	if !w.entry.is(probe) {
 		w.tellCreated(err)
 		w.abort(err)
 	}
-	d.forget(w)
 }
 
 // tracked yields every watch the dispatcher tracks: active, paused, and

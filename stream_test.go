@@ -1654,3 +1654,35 @@ func TestProgressNotHeldByAWatchCanceledWhileQueuedToBeCreatedAgain(t *testing.T
 	h.srv.Send(t, ws.Progress(-1, 10))
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
+
+// TestEndedWatchesDoNotCount: a watch counts in Stats.Watches no more
+// once its end can be seen: a Watch call the server refused, or made on a
+// Stream that failed for good, has returned its error; a watch the server
+// ended has its Err set. Each is tried many times over. Catches: the count
+// taken off after the caller or the consumer was told, so that Stats read
+// at once still counted the watch (1 run in 100 to 200, each trying once).
+func TestEndedWatchesDoNotCount(t *testing.T) {
+	h := newHarness(t)
+	for range 50 {
+		res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+		c := h.srv.RecvCreate(t)
+		h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(1), WatchId: c.WatchId, Created: true, Canceled: true, CancelReason: "etcdserver: permission denied"})
+		require.ErrorIs(t, recvResult(t, res).err, etcdwatch.ErrPermissionDenied)
+		require.Zero(t, h.s.Stats().Watches, "a watch the server refused still counted")
+	}
+	for range 50 {
+		w := h.watch(etcdwatch.Key("a"), 1)
+		h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(1), WatchId: w.ID(), Canceled: true, CancelReason: "etcdserver: permission denied"})
+		require.ErrorIs(t, ended(t, w), etcdwatch.ErrPermissionDenied)
+		require.Zero(t, h.s.Stats().Watches, "a watch the server ended still counted")
+	}
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Close(status.Error(codes.PermissionDenied, "etcdserver: permission denied"))
+	require.ErrorIs(t, ended(t, w), etcdwatch.ErrStreamFailed)
+	require.Zero(t, h.s.Stats().Watches, "a watch of a failed Stream still counted")
+	for range 50 {
+		_, err := h.s.Watch(context.Background(), etcdwatch.Key("b"))
+		require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+		require.Zero(t, h.s.Stats().Watches, "a watch refused by a failed Stream still counted")
+	}
+}
