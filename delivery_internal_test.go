@@ -52,3 +52,27 @@ func TestNothingIsTakenAfterAPumpGaveUp(t *testing.T) {
 func TestWatchKeepsItsSizeClass(t *testing.T) {
 	require.LessOrEqual(t, unsafe.Sizeof(Watch{}), uintptr(144), "Watch outgrew its 144-byte size class")
 }
+
+// TestQueuedBookmarkIsSuperseded: a bookmark pushed behind a bookmark still
+// queued for a consumer that is behind replaces it: the consumer gets the
+// newer one alone, and the backlog counts one. Catches: bookmarks piling
+// up in the backlog of a consumer that is not reading, each counted
+// against its buffer limit.
+func TestQueuedBookmarkIsSuperseded(t *testing.T) {
+	var o delivery
+	o.init(1, nil)
+	limit := bufferLimit{events: 100, bytes: 1 << 20}
+	start, _ := o.push(nil, Response{Revision: 2, Events: []Event{{KeyValue: KeyValue{ModRevision: 2}}}}, limit)
+	require.True(t, start, "no reader: queued for a pump")
+	for rev := int64(3); rev <= 5; rev++ {
+		o.push(nil, Response{Revision: rev}, limit)
+	}
+	require.Equal(t, 2, o.more.queue.Len())
+	require.Equal(t, load{events: 2, bytes: eventOverhead}, o.more.queued)
+	var got []int64
+	for r, ok, _ := o.next(load{}, limit); ok; r, ok, _ = o.next(weigh(r), limit) {
+		got = append(got, r.Revision)
+	}
+	require.Equal(t, []int64{2, 5}, got)
+	o.abort(ErrClosed)
+}

@@ -71,3 +71,30 @@ func TestActivateRecordsACreateFromNow(t *testing.T) {
 	d.activate(w, 2, 12)
 	require.False(t, w.entry.is(nowHere))
 }
+
+// TestProgressCoversStayBounded: requests sent after ever newer creates
+// and never answered keep at most maxCovers runs: the ones past the
+// limit join the newest, which covers no more than its first request did,
+// and every request is still counted, oldest answered first. Catches: a
+// run kept for every request, growing for as long as the server answers
+// nothing.
+func TestProgressCoversStayBounded(t *testing.T) {
+	var p progressState
+	const sent = 20
+	for last := int64(1); last <= sent; last++ {
+		p.sent(last)
+	}
+	require.Len(t, p.covers, maxCovers)
+	n := 0
+	for _, c := range p.covers {
+		n += c.n
+	}
+	require.Equal(t, sent, n, "every request counted")
+	for last := int64(1); last < maxCovers; last++ {
+		require.Equal(t, last, p.coverage())
+	}
+	for range sent - maxCovers + 1 {
+		require.EqualValues(t, maxCovers, p.coverage(), "the newest run covers what its first request did")
+	}
+	require.Empty(t, p.covers)
+}

@@ -1263,3 +1263,80 @@ func TestEOFOnAClosedConnectionIsNotRetried(t *testing.T) {
 	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
 	require.Zero(t, s.Stats().Reconnects, "a closed connection was retried")
 }
+
+// TestWatchFromNowMovesFromItsCreatedHeader: a watch from now that has had
+// nothing since its creation is created again, on the next stream, from
+// its created response's header revision (see activate), though the
+// Stream has seen later revisions since (b, at that head, asks for its own
+// revision again). Catches: it asked from the revision after, losing the
+// events of writes that raced its create.
+func TestWatchFromNowMovesFromItsCreatedHeader(t *testing.T) {
+	h := newHarness(t)
+	a := h.watch(etcdwatch.Key("a"), 10)
+	b := h.watch(etcdwatch.Key("b"), 10)
+	h.srv.Send(t, ws.Events(b.ID(), 12, ws.Put("b", "v", 12))) // the Stream's head is 12
+	require.Equal(t, int64(12), next(t, b).Revision)
+	h.cut()
+	starts := map[string]int64{}
+	for range 2 { // active watches are created again in no set order
+		c := h.srv.RecvCreate(t)
+		starts[string(c.Key)] = c.StartRevision
+	}
+	require.Equal(t, map[string]int64{"a": 10, "b": 12}, starts)
+	require.Nil(t, a.Err())
+}
+
+// TestTrapCompactedJustPastWithAnOlderHeader: as
+// TestTrapCompactedJustPastItsRevision, where the created response's
+// header is the watch's own revision (the store was written and compacted
+// after the create, while etcd had the watch unsynced) and the
+// compaction's cancel carries no header revision, as etcd's does: the
+// compaction tells the store has reached r+1, and the watch is created
+// again from there. Catches: it asked from r again, to be compacted again,
+// and again.
+func TestTrapCompactedJustPastWithAnOlderHeader(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("a", "v", 2)))
+	require.Equal(t, int64(2), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(2), c.StartRevision, "at the head: from its own revision")
+	h.srv.Send(t, ws.Created(c.WatchId, 2))
+	h.srv.Send(t, ws.Compacted(c.WatchId, 3))
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t))
+	again := h.srv.RecvCreate(t)
+	require.Equal(t, int64(3), again.StartRevision)
+	h.srv.Send(t, ws.Created(again.WatchId, 4))
+	h.srv.Send(t, ws.Events(again.WatchId, 4, ws.Put("a", "w", 4)))
+	require.Equal(t, int64(4), next(t, w).Revision)
+	require.Nil(t, w.Err())
+}
+
+// TestCancelLeftByAnEndedStreamIsForgotten: a cancel sent on a stream that
+// ended before the server answered it is forgotten with that stream. A
+// server that picks its own ids counts them from 0 again on each stream:
+// when it later ends the watch that now has that id, the watch ends.
+// Catches: the old stream's cancel still awaited, so that the server's
+// end of the new watch is taken for its answer and swallowed, leaving the
+// watch open on a server that dropped it.
+func TestCancelLeftByAnEndedStreamIsForgotten(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(0, 1)) // its own ids, from 0
+	a := recvResult(t, res).w
+	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(1, 1))
+	b := recvResult(t, res).w
+	a.Cancel()
+	require.Equal(t, int64(0), h.srv.RecvCancel(t)) // not answered: the stream ends
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "b", string(c.Key))
+	h.srv.Send(t, ws.Created(0, 2)) // the new stream's first id
+	h.await(func() bool { return b.ID() == 0 })
+	h.srv.Send(t, &pb.WatchResponse{Header: ws.Header(2), WatchId: 0, Canceled: true, CancelReason: "etcdserver: permission denied"})
+	require.Error(t, ended(t, b), "the server ended the watch")
+}

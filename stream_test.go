@@ -1655,6 +1655,149 @@ func TestProgressNotHeldByAWatchCanceledWhileQueuedToBeCreatedAgain(t *testing.T
 	require.Equal(t, int64(10), recvProgress(t, got).rev)
 }
 
+// TestEventsAfterFragmentsStandAlone: once a fragmented revision has
+// arrived whole, the watch's next response carries its own events only,
+// and a progress notification after it is delivered. Catches: the joined
+// fragments kept after the last one, so that the next response repeats
+// them and every later bookmark is taken for one inside a fragmented
+// revision and dropped.
+func TestEventsAfterFragmentsStandAlone(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Prefix("big/").WithFragment(), 1)
+	first := ws.Events(w.ID(), 2, ws.Put("big/1", "v", 2), ws.Put("big/2", "v", 2))
+	first.Fragment = true
+	h.srv.Send(t, first)
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("big/3", "v", 2))) // the last piece
+	r := next(t, w)
+	require.Len(t, r.Events, 3)
+	require.Equal(t, int64(2), r.Revision)
+
+	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("big/4", "v", 3)))
+	r = next(t, w)
+	require.Len(t, r.Events, 1, "the fragments' events delivered again")
+	require.Equal(t, "big/4", string(r.Events[0].Key))
+	require.Equal(t, int64(3), r.Revision)
+
+	h.srv.Send(t, ws.Progress(w.ID(), 4))
+	r = next(t, w)
+	require.True(t, r.IsProgress(), "a bookmark after the fragments")
+	require.Equal(t, int64(4), r.Revision)
+	require.Zero(t, h.s.Stats().DuplicatesDropped)
+}
+
+// TestBookmarkInsideAFragmentedRevisionWaits: a progress notification that
+// comes between the fragments of a revision is not delivered before the
+// revision is whole, and does not make the rest of it count as
+// duplicates. Catches: the bookmark delivered at the fragments' revision,
+// after which their last piece is dropped, its events lost.
+func TestBookmarkInsideAFragmentedRevisionWaits(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Prefix("big/").WithFragment(), 1)
+	first := ws.Events(w.ID(), 2, ws.Put("big/1", "v", 2), ws.Put("big/2", "v", 2))
+	first.Fragment = true
+	h.srv.Send(t, first)
+	h.srv.Send(t, ws.Progress(w.ID(), 2))
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("big/3", "v", 2))) // the last piece
+	r := next(t, w)
+	require.False(t, r.IsProgress(), "a bookmark inside a fragmented revision")
+	require.Len(t, r.Events, 3)
+	require.Equal(t, int64(2), r.Revision)
+	require.Zero(t, h.s.Stats().DuplicatesDropped)
+}
+
+// TestLateEventsOfTheNewestWatchAfterItsCancelAreDropped: as
+// TestLateEventsOfAnAnsweredCancelAreDropped, for the watch whose id is the
+// last the client chose. Catches: that id taken for one the client never
+// chose, canceled again and counted as unknown.
+func TestLateEventsOfTheNewestWatchAfterItsCancelAreDropped(t *testing.T) {
+	h := newHarness(t)
+	a := h.watch(etcdwatch.Key("a"), 1)
+	b := h.watch(etcdwatch.Key("b"), 1) // the last id chosen
+	id := b.ID()
+	b.Cancel()
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	h.srv.Send(t, ws.Canceled(id))
+	h.srv.Send(t, ws.Events(id, 2, ws.Put("b", "v", 2)))
+	h.srv.Send(t, ws.Events(a.ID(), 3, ws.Put("a", "v", 3)))
+	require.Equal(t, int64(3), next(t, a).Revision) // b's late event handled before
+	require.Empty(t, h.barrier(3), "the late event's id canceled again")
+	require.Zero(t, h.s.Stats().UnknownResponses)
+}
+
+// TestUnknownIDZeroIsCanceled: events for id 0, the first id a server that
+// picks its own ids gives, when the client knows no watch by it, are
+// dropped and the id is canceled, as any other unknown id is. Catches: id
+// 0 left live on the server, sending events nobody reads.
+func TestUnknownIDZeroIsCanceled(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 1)
+	h.srv.Send(t, ws.Events(0, 2, ws.Put("stray", "v", 2)))
+	h.srv.Send(t, ws.Events(w.ID(), 3, ws.Put("a", "v", 3)))
+	require.Equal(t, int64(3), next(t, w).Revision)
+	before := h.barrier(3)
+	require.Len(t, before, 1)
+	require.NotNil(t, before[0].GetCancelRequest(), "got %v", before[0])
+	require.Equal(t, int64(0), before[0].GetCancelRequest().GetWatchId())
+	require.Equal(t, uint64(1), h.s.Stats().UnknownResponses)
+}
+
+// TestLateEventsOfAServerChosenIDAreCanceledAgain: after the server
+// answered the cancel of a watch whose id it chose itself, a late event for
+// that id cannot be told from one for an id the server made up: it is
+// counted as unknown and the id canceled again (see
+// TestLateEventsOfAnAnsweredCancelAreDropped for ids the client chose).
+// Catches: a cancel's id kept after its answer, so that what comes for it
+// is dropped unseen for the life of the stream, and every id canceled on
+// it stays held.
+func TestLateEventsOfAServerChosenIDAreCanceledAgain(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 1)) // its own id
+	a := recvResult(t, res).w
+	require.Equal(t, int64(100), a.ID())
+	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(101, 1))
+	b := recvResult(t, res).w
+
+	a.Cancel()
+	require.Equal(t, int64(100), h.srv.RecvCancel(t))
+	h.srv.Send(t, ws.Canceled(100))
+	h.srv.Send(t, ws.Events(100, 2, ws.Put("a", "v", 2)))
+	h.srv.Send(t, ws.Events(b.ID(), 3, ws.Put("b", "v", 3)))
+	require.Equal(t, int64(3), next(t, b).Revision) // a's late event handled before
+	before := h.barrier(3)
+	require.Len(t, before, 1)
+	require.Equal(t, int64(100), before[0].GetCancelRequest().GetWatchId())
+	require.Equal(t, uint64(1), h.s.Stats().UnknownResponses)
+}
+
+// TestServerConfirmingAnIDInUseEndsTheNewWatch: a server that picks its
+// own ids and confirms a create with the id of a watch that is active
+// refuses the new watch with a *ServerError; the active one keeps its id
+// and its events. Catches: the new watch taking the id over, the first
+// one left without events and never ended.
+func TestServerConfirmingAnIDInUseEndsTheNewWatch(t *testing.T) {
+	h := newHarness(t)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 1)) // its own id
+	a := recvResult(t, res).w
+	require.Equal(t, int64(100), a.ID())
+	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(100, 1)) // in use
+	got := recvResult(t, res)
+	var se *etcdwatch.ServerError
+	require.ErrorAs(t, got.err, &se)
+	h.srv.Send(t, ws.Events(100, 2, ws.Put("a", "v", 2)))
+	r := next(t, a)
+	require.Equal(t, "a", string(r.Events[0].Key))
+	require.Equal(t, int64(2), r.Revision)
+	require.Nil(t, a.Err())
+}
+
 // TestEndedWatchesDoNotCount: a watch counts in Stats.Watches no more
 // once its end can be seen: a Watch call the server refused, or made on a
 // Stream that failed for good, has returned its error; a watch the server
@@ -1685,4 +1828,72 @@ func TestEndedWatchesDoNotCount(t *testing.T) {
 		require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
 		require.Zero(t, h.s.Stats().Watches, "a watch refused by a failed Stream still counted")
 	}
+}
+
+// TestStatsRevisionFollowsEveryHeader: Stats.Revision is the highest
+// header revision so far, one revision after another.
+func TestStatsRevisionFollowsEveryHeader(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 5)
+	require.Equal(t, int64(5), h.s.Stats().Revision)
+	for rev := int64(6); rev <= 8; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("a", "v", rev)))
+		require.Equal(t, rev, next(t, w).Revision)
+		require.Equal(t, rev, h.s.Stats().Revision)
+	}
+}
+
+// afterFuncCounter is a context that counts the AfterFunc registrations
+// made on it and not yet stopped: context.AfterFunc uses its method, once
+// Value hides the cancelCtx it wraps.
+type afterFuncCounter struct {
+	context.Context
+	mu   sync.Mutex
+	live int
+}
+
+func (c *afterFuncCounter) Value(any) any { return nil }
+
+func (c *afterFuncCounter) AfterFunc(f func()) func() bool {
+	stop := context.AfterFunc(c.Context, f)
+	c.mu.Lock()
+	c.live++
+	c.mu.Unlock()
+	var once sync.Once
+	return func() bool {
+		stopped := stop()
+		once.Do(func() {
+			c.mu.Lock()
+			c.live--
+			c.mu.Unlock()
+		})
+		return stopped
+	}
+}
+
+func (c *afterFuncCounter) registered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.live
+}
+
+// TestCanceledWatchReleasesItsContext: a watch whose context outlives it
+// lets go of its registration with the context once it ends, so that a
+// long-lived context does not collect one for every watch opened under it.
+// Catches: the AfterFunc of a group left registered after its last watch
+// was canceled.
+func TestCanceledWatchReleasesItsContext(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	c := &afterFuncCounter{Context: ctx}
+	res := h.watchAsync(c, etcdwatch.Key("a"))
+	create := h.srv.RecvCreate(t)
+	h.srv.Send(t, ws.Created(create.WatchId, 1))
+	w := recvResult(t, res).w
+	require.Equal(t, 1, c.registered())
+	w.Cancel()
+	require.Equal(t, w.ID(), h.srv.RecvCancel(t))
+	h.await(func() bool { return h.s.Stats().Watches == 0 })
+	require.Zero(t, c.registered(), "the context still holds the watch's AfterFunc")
 }

@@ -748,3 +748,28 @@ func TestOpenValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestPausedWatchResumesAtExactlyHalfItsLimit: a paused watch is resumed
+// once what it holds for its consumer has fallen to half its limit, not
+// below it. Catches: a consumer left one more response behind before the
+// watch goes on.
+func TestPausedWatchResumesAtExactlyHalfItsLimit(t *testing.T) {
+	const limit, per = 200, 50
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev < 2+limit/per; rev++ {
+		resp := ws.Events(w.ID(), rev)
+		for range per {
+			resp.Events = append(resp.Events, ws.Put("a", "v", rev))
+		}
+		h.srv.Send(t, resp)
+	}
+	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t))) // paused at its limit
+	require.Len(t, next(t, w).Events, per)
+	require.Len(t, next(t, w).Events, per) // 100 left: half
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookTook) == 2 })
+	etcdwatch.Settle(t, h.s, wait)
+	require.Equal(t, uint64(1), h.s.Stats().Resumes, "not resumed at half its limit")
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(1+limit/per), c.StartRevision)
+}
