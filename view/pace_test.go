@@ -84,3 +84,20 @@ func TestProgressBatchesAreRationed(t *testing.T) {
 	require.Len(t, steps, 1)
 	require.EqualValues(t, 12, steps[0].Revision)
 }
+
+// TestHoldStepJoinsUpToTheLimit: steps whose changes add up to exactly
+// etcdwatch.JoinLimit are joined; one more change keeps the next apart.
+func TestHoldStepJoinsUpToTheLimit(t *testing.T) {
+	step := func(from, n int) Batch[[]byte] {
+		return Batch[[]byte]{Kind: Events, From: int64(from), Revision: int64(from + 1), Changes: make([]Change[[]byte], n)}
+	}
+	held := holdStep(nil, step(1, 1))
+	held = holdStep(held, step(2, etcdwatch.JoinLimit-1))
+	require.Equal(t, 1, len(held), "etcdwatch.JoinLimit changes in all: joined")
+	require.Len(t, held[0].Changes, etcdwatch.JoinLimit)
+	require.EqualValues(t, 1, held[0].From)
+	require.EqualValues(t, 3, held[0].Revision)
+	held = holdStep(held, step(3, 1))
+	require.Equal(t, 2, len(held), "past etcdwatch.JoinLimit a step is kept apart")
+	require.EqualValues(t, 3, held[1].From)
+}

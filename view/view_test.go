@@ -802,6 +802,20 @@ func TestViewRetriesAWatchNotConfirmedInTime(t *testing.T) {
 	require.Equal(t, 2, r.v.Len())
 }
 
+// holdChecks fails the next Ranges, so that the integrity checks (every 5
+// ms) find nothing while the test writes the KV and the view applies the
+// write: the scripted KV keeps no history, and a check in between finds a
+// true mismatch, so that the view lists again before it has the write (1
+// run in 200 under load). The checks after take up what is left; 40 cover
+// the first 200 ms.
+func holdChecks(kv *ws.KV) {
+	errs := make([]error, 40)
+	for i := range errs {
+		errs[i] = status.Error(codes.Unavailable, "checks held (scripted)")
+	}
+	kv.FailNext(errs...)
+}
+
 // TestRepairFixesWhatTheCheckFound: a key whose ModRevision is right
 // but whose Version is not (a server or client fault, which is what the
 // check is for) is found by the integrity check, which asks for a relist;
@@ -814,6 +828,7 @@ func TestRepairFixesWhatTheCheckFound(t *testing.T) {
 	putKeys(kv, 2)
 	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
 	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	holdChecks(kv)
 	ev := kv.PutEvent("v/a", "1")
 	ev.Kv.Version = 7 // the store says 1
 	vh.send(ev)
@@ -842,4 +857,87 @@ func TestDecodeErrorsCountedOncePerValue(t *testing.T) {
 	vh := openView(h, view.DecodeJSON[config], view.WithPageSize(1), view.WithPageBytes(0))
 	require.Equal(t, 2, vh.v.Len())
 	require.EqualValues(t, 1, vh.v.Stats().DecodeErrors, "one value refused")
+}
+
+// TestFallingBehindAfterAnAskedResyncIsCounted: a subscriber from 0 asks
+// for its first Resync, which is not counted; once it has taken it, falling
+// beyond the history's bound is a Resync it did not ask for, and Resyncs
+// counts it. (The subscription kept the asked flag of its first Resync, so
+// that every later one went uncounted.)
+func TestFallingBehindAfterAnAskedResyncIsCounted(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes, view.WithHistoryBytes(300))
+	sub := vh.v.Subscribe(context.Background(), 0)
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Resync, b.Kind)
+	require.Len(t, b.Changes, 2)
+	require.Zero(t, vh.v.Stats().Resyncs, "asked for, not fallen behind")
+	for i := range 20 {
+		vh.send(kv.PutEvent(fmt.Sprintf("v/%02d", 10+i), "value"))
+	}
+	b = nextBatch(t, sub)
+	require.Equal(t, view.Resync, b.Kind, "fell behind the history")
+	require.Equal(t, vh.v.Revision(), b.Revision)
+	require.Len(t, b.Changes, 22)
+	require.EqualValues(t, 1, vh.v.Stats().Resyncs, "fallen behind after a Resync it asked for: counted")
+}
+
+// TestRepairFixesALeaseTheCheckFound: as TestRepairFixesWhatTheCheckFound,
+// for a key held with the wrong lease at the right ModRevision: the
+// integrity check compares leases too, and the relist repairs it, reported
+// as an update of the key.
+func TestRepairFixesALeaseTheCheckFound(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 2)
+	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	holdChecks(kv)
+	ev := kv.PutEvent("v/a", "1")
+	ev.Kv.Lease = 7 // the store says none
+	vh.send(ev)
+	e, _ := vh.v.Get("v/a")
+	require.EqualValues(t, 7, e.Lease)
+	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
+	vh.confirm()
+	var b view.Batch[[]byte]
+	for b.Kind != view.Relisted {
+		b = nextBatch(t, sub)
+	}
+	require.Equal(t, []string{"updated v/a"}, summary(b))
+	require.EqualValues(t, 7, b.Changes[0].Prev.Lease)
+	require.Zero(t, b.Changes[0].Entry.Lease)
+	e, ok := vh.v.Get("v/a")
+	require.True(t, ok)
+	require.Zero(t, e.Lease, "the relist kept the lease the check found wrong")
+	require.NotZero(t, vh.v.Stats().IntegrityMismatches)
+}
+
+// TestRelistedRevisionIsNotReplayed: the watch after a relist starts at
+// the listing's revision, whose events the server sends again; the view
+// skips them, so that a subscriber gets after the Relisted batch only what
+// came next, not the listing's last write again as an update.
+func TestRelistedRevisionIsNotReplayed(t *testing.T) {
+	h := newHarness(t)
+	kv := h.server.KV()
+	putKeys(kv, 1)
+	vh := openView(h, view.DecodeBytes)
+	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
+	last := kv.PutEvent("v/a", "1") // never sent: the watch is compacted
+	vh.compacted()
+	vh.confirm()
+	b := nextBatch(t, sub)
+	require.Equal(t, view.Relisted, b.Kind)
+	require.Equal(t, last.Kv.ModRevision, b.Revision)
+	require.Equal(t, []string{"created v/a"}, summary(b))
+
+	vh.send(last) // the listing's revision, again on the new watch
+	vh.send(kv.PutEvent("v/b", "1"))
+	next := nextBatch(t, sub)
+	require.Equal(t, b.Revision, next.From)
+	require.Equal(t, []string{"created v/b"}, summary(next), "the listing's revision reported again")
+	e, _ := vh.v.Get("v/a")
+	require.EqualValues(t, 1, e.Version)
 }

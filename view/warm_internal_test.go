@@ -63,3 +63,26 @@ func TestLoadAllocatesWhatTheFileHolds(t *testing.T) {
 	alloc := after.TotalAlloc - before.TotalAlloc
 	require.Less(t, alloc, uint64(4<<20), "load allocated %d bytes for a file of %d", alloc, b.Len())
 }
+
+// TestMoveOnlyToTheStateTheReadSaw: the runner moves the view to a read's
+// revision (Sync without progress) only while its state is the one the
+// read saw. A view that has since applied a key created after the read's
+// newest key, whose delete (at or before the read's revision) is still to
+// come, is not moved: moved, it would skip that delete, and hold the key
+// for ever.
+func TestMoveOnlyToTheStateTheReadSaw(t *testing.T) {
+	f := freshness{rev: 8, count: 1, newest: 3} // the read: one key, v/a at 3
+	r := &runner[[]byte]{rev: 6, ed: table[[]byte]{}.Edit()}
+	a := Entry[[]byte]{Key: "v/a", CreateRevision: 3, ModRevision: 3, Version: 1}
+	r.ed.Set(&a)
+	x := Entry[[]byte]{Key: "v/x", CreateRevision: 6, ModRevision: 6, Version: 1} // deleted at 7
+	r.ed.Set(&x)
+	require.False(t, r.move(f), "a state the read did not see")
+	require.EqualValues(t, 6, r.rev)
+
+	r.ed.Delete("v/x") // the delete at 7 applied
+	r.rev = 7
+	require.True(t, r.move(f), "the state the read saw")
+	require.EqualValues(t, 8, r.rev)
+	require.False(t, r.move(f), "already there")
+}

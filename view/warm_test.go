@@ -1027,3 +1027,67 @@ func TestStateFileRemovesLeftoversOfCrashedSaves(t *testing.T) {
 	}
 	require.FileExists(t, path)
 }
+
+// TestRestoreRefusesAnotherRangeEnd: a saved state of a range with the
+// view's Key but another End (FromKey("v/") for a view of Prefix("v/")) is
+// of another range: refused with ErrSavedRange, and none of its keys, one
+// outside the view's range among them, is in the view.
+func TestRestoreRefusesAnotherRangeEnd(t *testing.T) {
+	h, _ := loggedHarness(t, ws.Start(t))
+	kv := h.server.KV()
+	kv.Put("v/a", "1")
+	kv.Put("w/out", "x")
+	b, _ := savedState(t, h, etcdwatch.FromKey("v/"))
+	path := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	kv.Put("v/b", "2")
+
+	var keys []string
+	res := newViewAsync(h, etcdwatch.Prefix("v/"), decoded(&keys), view.WithStateFile(path, 0))
+	vh := &viewHarness[[]byte]{harness: h, kv: kv}
+	vh.confirm()
+	h.settle()
+	r := recv(t, res, "view.New")
+	require.NoError(t, r.err)
+	vh.v = r.v
+	t.Cleanup(func() { r.v.Close() })
+	require.Equal(t, []string{"v/a", "v/b"}, viewKeys(vh.v), "the server's keys")
+	require.Equal(t, []string{"v/a", "v/b"}, keys, "no key of the refused state decoded")
+	rev, err := vh.v.Restored()
+	require.Zero(t, rev)
+	require.ErrorIs(t, err, view.ErrSavedRange)
+	require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
+}
+
+// TestRestoredRelistIsNoStepFromBeforeTheSave: a view restored from a
+// saved state found compacted starts its history at the saved revision,
+// with the Relisted batch from there. A subscriber holding a state older
+// than the saved one gets a Resync, not counted (the view never had those
+// changes), rather than that batch, which is not the difference from its
+// state.
+func TestRestoredRelistIsNoStepFromBeforeTheSave(t *testing.T) {
+	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+	h := newHarness(t)
+	kv := h.server.KV()
+	kv.Put("v/early", "1")
+	before := kv.Revision()
+	kv.Put("v/a", "1")
+	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
+	require.Less(t, before, at)
+	kv.Put("v/a", "2")
+	kv.Put("v/b", "1")
+
+	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
+	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
+	rev, err := vh.v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	b := nextBatch(t, vh.v.Subscribe(context.Background(), before))
+	require.Equal(t, view.Resync, b.Kind, "from before the saved state: the whole state")
+	require.Equal(t, kv.Revision(), b.Revision)
+	require.Len(t, b.Changes, 3)
+	require.Zero(t, vh.v.Stats().Resyncs, "the view never had those changes: not fallen behind")
+	b = nextBatch(t, vh.v.Subscribe(context.Background(), at))
+	require.Equal(t, view.Relisted, b.Kind, "from the saved state: the difference")
+	require.Equal(t, []string{"updated v/a", "created v/b"}, summary(b))
+}
