@@ -784,3 +784,349 @@ func TestAuthTokenRefusedByItsIssuerOrOnceServedIsDropped(t *testing.T) {
 	streams, _ := a.seen()
 	require.Equal(t, []string{"tok1", "tok2", "tok2", "tok3"}, streams)
 }
+
+// downMember returns the address of a member that is down: nothing
+// listens there.
+func downMember(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	return addr
+}
+
+// answered returns an interceptor that signals on the channel it returns
+// each time an Authenticate has been answered (its error), without
+// blocking.
+func answered() (chan error, grpc.UnaryClientInterceptor) {
+	ch := make(chan error, 1)
+	return ch, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == pb.Auth_Authenticate_FullMethodName {
+			select {
+			case ch <- err:
+			default:
+			}
+		}
+		return err
+	}
+}
+
+// TestAuthWaitForReadyEndsAtItsDeadline: an RPC that waits for a ready
+// connection, and whose deadline passes while it waits for its token
+// through an outage, fails with DeadlineExceeded, as it would without
+// WithPassword. Catches the wait for a token going on after the RPC's
+// context ended (DeadlineExceeded taken for a failure that may pass, and
+// Authenticate asked again and again, for ever).
+func TestAuthWaitForReadyEndsAtItsDeadline(t *testing.T) {
+	asked, spy := answered()
+	conn, err := dial.New([]string{downMember(t)}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	bound, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	ctx, stop := context.WithDeadline(bound, time.Now().Add(100*time.Millisecond))
+	defer stop()
+	res := make(chan error, 1)
+	go func() { // exits when the Range returns
+		_, err := pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+		res <- err
+	}()
+	select {
+	case <-asked:
+	case <-bound.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	select {
+	case err := <-res:
+		require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	case <-bound.Done():
+		t.Fatal("the Range outlived its deadline")
+	}
+}
+
+// TestAuthWaitForReadyEndsWhenTheConnectionCloses: an RPC that waits for
+// a ready connection, waiting for its token through an outage, ends with
+// the closed connection's Canceled once the connection is closed, as it
+// would without WithPassword. Catches the wait for a ready connection not
+// ending at Shutdown: the RPC held until its own context ends.
+func TestAuthWaitForReadyEndsWhenTheConnectionCloses(t *testing.T) {
+	asked, spy := answered()
+	conn, err := dial.New([]string{downMember(t)}, dial.WithInsecure(), dial.WithPassword("alice", "pw"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { // exits when the Range returns, within ctx
+		_, err := pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+		res <- err
+	}()
+	select {
+	case err := <-asked:
+		require.Equal(t, codes.Unavailable, status.Code(err), "the member is down: %v", err)
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	require.NoError(t, conn.Close())
+	err = <-res
+	require.Equal(t, codes.Canceled, status.Code(err), "the closed connection's error, not the RPC's deadline: %v", err)
+}
+
+// TestAuthWaitForReadyWaitsOutALearner: an RPC that waits for a ready
+// connection, whose Authenticate a learner answers (FailedPrecondition,
+// a state that passes), authenticates again and succeeds, as it waits
+// through Unavailable. Catches FailedPrecondition taken as final there:
+// the RPC failing though it asked to wait.
+func TestAuthWaitForReadyWaitsOutALearner(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	a.mu.Lock()
+	a.learner = 1
+	a.mu.Unlock()
+	kv := pb.NewKVClient(dialAuth(t, a, "pw"))
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("a")}, grpc.WaitForReady(true))
+	require.NoError(t, err)
+	require.Equal(t, 1, a.authenticated())
+}
+
+// TestAuthWrongPasswordAskedOnce: a refused password is final: the RPCs
+// after the first get its refusal without another Authenticate.
+// Catches the refusal not kept, every RPC asking the server again.
+func TestAuthWrongPasswordAskedOnce(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	asked, spy := counting(pb.Auth_Authenticate_FullMethodName)
+	conn, err := dial.New([]string{a.addr}, dial.WithInsecure(), dial.WithPassword("alice", "wrong"),
+		dial.WithGRPCOptions(grpc.WithChainUnaryInterceptor(spy)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	for range 3 {
+		_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+		require.ErrorIs(t, err, dial.ErrAuthFailed)
+	}
+	require.EqualValues(t, 1, asked.Load(), "Authenticate calls")
+}
+
+// refusingRanges is a fake etcd whose Authenticate always succeeds and
+// whose Range refuses every token as invalid, as a member whose auth
+// store never takes them would.
+type refusingRanges struct {
+	pb.UnimplementedAuthServer
+	pb.UnimplementedKVServer
+	issued, ranges atomic.Int64
+}
+
+func (s *refusingRanges) Authenticate(context.Context, *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	return &pb.AuthenticateResponse{Token: fmt.Sprint("tok", s.issued.Add(1))}, nil
+}
+
+func (s *refusingRanges) Range(context.Context, *pb.RangeRequest) (*pb.RangeResponse, error) {
+	s.ranges.Add(1)
+	return nil, rpctypes.ErrGRPCInvalidAuthToken
+}
+
+// TestAuthUnaryRetriedOnce: a unary RPC refused for its token is tried
+// once more with a new one, and no more: refused again, it fails with the
+// server's refusal. Catches a retry without end (an Authenticate and a
+// call per round) against a member that refuses every token.
+func TestAuthUnaryRetriedOnce(t *testing.T) {
+	s := &refusingRanges{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, s)
+	pb.RegisterKVServer(srv, s)
+	serve(t, srv, lis)
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err = pb.NewKVClient(conn).Range(ctx, &pb.RangeRequest{Key: []byte("a")})
+	require.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	require.ErrorContains(t, err, "invalid auth token")
+	require.EqualValues(t, 2, s.ranges.Load(), "Range calls")
+	require.EqualValues(t, 2, s.issued.Load(), "Authenticate calls")
+}
+
+// holdingAuth is authServer whose first Authenticate is held until its
+// caller gives up; the later ones are answered as authServer answers.
+type holdingAuth struct {
+	*authServer
+	entered chan struct{}
+	calls   atomic.Int64
+}
+
+func (h *holdingAuth) Authenticate(ctx context.Context, r *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	if h.calls.Add(1) == 1 {
+		close(h.entered)
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return h.authServer.Authenticate(ctx, r)
+}
+
+// expiring is a context whose deadline passes when the test says so.
+type expiring struct {
+	context.Context
+	done chan struct{}
+	once sync.Once
+}
+
+func (e *expiring) Done() <-chan struct{} { return e.done }
+
+func (e *expiring) Err() error {
+	select {
+	case <-e.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+func (e *expiring) expire() { e.once.Do(func() { close(e.done) }) }
+
+// TestAuthCallersDeadlineIsNotShared: an Authenticate cut short by its own
+// caller's deadline fails that RPC only: an RPC that waited for it meanwhile
+// authenticates on its own, at once, and succeeds, with its token on its
+// first try. Catches the caller's own DeadlineExceeded taken for the
+// member's state (shared, as a timeout of authTimeout is), failing every
+// RPC that waited; and a waiter let go without a token.
+func TestAuthCallersDeadlineIsNotShared(t *testing.T) {
+	a := &authServer{password: "pw", valid: map[string]bool{}}
+	h := &holdingAuth{authServer: a, entered: make(chan struct{})}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer()
+	pb.RegisterAuthServer(srv, h)
+	pb.RegisterKVServer(srv, a)
+	serve(t, srv, lis)
+	var waiting atomic.Int64 // as in TestAuthConcurrentCallsShareAFailedAuthenticate
+	dial.OnAwaitAuthTurn(t, func() { waiting.Add(1) })
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	kv := pb.NewKVClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+
+	short := &expiring{Context: ctx, done: make(chan struct{})}
+	defer short.expire()
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := kv.Range(short, &pb.RangeRequest{Key: []byte("a")}); first <- err }()
+	select {
+	case <-h.entered: // the first RPC's Authenticate is under way
+	case <-ctx.Done():
+		t.Fatal("Authenticate was never asked")
+	}
+	go func() { _, err := kv.Range(ctx, &pb.RangeRequest{Key: []byte("b")}); second <- err }()
+	require.Eventually(t, func() bool { return waiting.Load() == 2 }, wait, time.Millisecond, "the second RPC waiting for the first's Authenticate")
+	short.expire()
+	require.Equal(t, codes.DeadlineExceeded, status.Code(<-first), "the RPC whose deadline passed")
+	require.NoError(t, <-second, "the RPC that waited for it: another call's deadline is not the member's state")
+	_, ranges := a.seen()
+	require.Equal(t, []string{"tok1"}, ranges, "the RPC that waited carried a token on its first try")
+	require.EqualValues(t, 2, h.calls.Load(), "Authenticate calls")
+}
+
+// TestAuthServedOldTokenLeavesTheNewOneFresh: a stream that carried a
+// token since replaced, served only now, says nothing of the new token:
+// refused by a lagging member, the new one is still taken for fresh and
+// kept. Catches accept marking whatever token is current as served, so
+// that the new token is dropped at a lagging member's refusal.
+func TestAuthServedOldTokenLeavesTheNewOneFresh(t *testing.T) {
+	a := startAuthServer(t, "pw")
+	watch := pb.NewWatchClient(dialAuth(t, a, "pw"))
+	create := &pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("a")}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	old, err := watch.Watch(ctx) // tok1
+	require.NoError(t, err)
+	require.NoError(t, old.Send(create))
+	require.Eventually(t, func() bool { // the server has confirmed the create under tok1, not read yet
+		streams, _ := a.seen()
+		return len(streams) == 1
+	}, wait, time.Millisecond)
+
+	a.expire()
+	refused, err := watch.Watch(ctx) // tok1, refused: dropped
+	require.NoError(t, err)
+	require.NoError(t, refused.Send(create))
+	resp, err := refused.Recv()
+	require.NoError(t, err)
+	require.True(t, resp.Canceled, "refused by its issuer's peer with no member named: dropped")
+
+	fresh, err := watch.Watch(ctx) // tok2, fresh
+	require.NoError(t, err)
+	resp, err = old.Recv() // tok1's stream served now
+	require.NoError(t, err)
+	require.False(t, resp.Canceled, "the create made under tok1 before it expired: %s", resp.CancelReason)
+
+	a.mu.Lock()
+	a.lagging, a.refuser = 1, 2
+	a.mu.Unlock()
+	require.NoError(t, fresh.Send(create))
+	_, err = fresh.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "a lagging member's refusal of the fresh tok2: %v", err)
+	streams, _ := a.seen()
+	require.Equal(t, []string{"tok1", "tok1", "tok2"}, streams)
+	require.Equal(t, 2, a.authenticated())
+}
+
+// TestAuthLaggingRefusalEndsTheStream: a Watch stream whose fresh token a
+// lagging member refused fails as Unavailable and is over for gRPC too:
+// the member sees it end, though its caller, having had an error, does
+// not cancel it. Catches the stream left open on the member until its
+// caller's context ends.
+func TestAuthLaggingRefusalEndsTheStream(t *testing.T) {
+	a := &authServer{password: "pw", valid: map[string]bool{}, lagging: 1, refuser: 2}
+	var ended atomic.Int64 // Watch streams the server has seen end
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		err := handler(srv, ss)
+		ended.Add(1)
+		return err
+	}))
+	pb.RegisterAuthServer(srv, a)
+	pb.RegisterWatchServer(srv, a)
+	serve(t, srv, lis)
+	conn, err := dial.New([]string{lis.Addr().String()}, dial.WithInsecure(), dial.WithPassword("alice", "pw"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ws, err := pb.NewWatchClient(conn).Watch(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, ws.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{Key: []byte("a")}}}))
+	_, err = ws.Recv()
+	require.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+	require.Eventually(t, func() bool { return ended.Load() == 1 }, wait, time.Millisecond, "the member saw the stream end")
+}
+
+// TestNoTokenWithoutAuth: on a server with auth disabled, RPCs carry no
+// token metadata at all, not an empty one. Catches an empty "token" sent,
+// which a member that has since turned auth on reads as a token.
+func TestNoTokenWithoutAuth(t *testing.T) {
+	a := &authServer{password: "pw", valid: map[string]bool{}, disabled: true}
+	var keys atomic.Int64 // "token" entries the server has seen
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		keys.Add(int64(len(md.Get(rpctypes.TokenFieldNameGRPC))))
+		return handler(ctx, req)
+	}))
+	pb.RegisterAuthServer(srv, a)
+	pb.RegisterKVServer(srv, a)
+	serve(t, srv, lis)
+	kv := pb.NewKVClient(dialAuth(t, &authServer{addr: lis.Addr().String()}, "pw"))
+	for range 2 {
+		_, err = kv.Range(t.Context(), &pb.RangeRequest{Key: []byte("a")})
+		require.NoError(t, err)
+	}
+	require.Zero(t, keys.Load(), "token metadata sent")
+}

@@ -358,3 +358,33 @@ func TestEndpointsNeedAHost(t *testing.T) {
 		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, "endpoint %q", ep)
 	}
 }
+
+// TestEndpointPortBounds: a port is 1 to 65535. Catches port 0 (which
+// would dial a port the system picks, or none) or 65536 taken.
+func TestEndpointPortBounds(t *testing.T) {
+	for ep, ok := range map[string]bool{
+		"127.0.0.1:1": true, "127.0.0.1:65535": true, "http://127.0.0.1:65535": true,
+		"127.0.0.1:0": false, "127.0.0.1:65536": false, "http://127.0.0.1:0": false, "127.0.0.1:-1": false,
+	} {
+		conn, err := dial.New([]string{ep}, dial.WithInsecure())
+		if ok {
+			require.NoError(t, err, ep)
+			require.NoError(t, conn.Close())
+			continue
+		}
+		require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument, ep)
+		require.ErrorContains(t, err, "no valid port", ep)
+	}
+}
+
+// TestWithTLSFilesFirstFailureReported: of two options that cannot be
+// applied, New reports the first. Catches a later failure overwriting it.
+func TestWithTLSFilesFirstFailureReported(t *testing.T) {
+	dir := t.TempDir()
+	_, err := dial.New([]string{"localhost:2379"},
+		dial.WithTLSFiles(filepath.Join(dir, "first.pem"), "", ""),
+		dial.WithTLSFiles(filepath.Join(dir, "second.pem"), "", ""))
+	require.ErrorIs(t, err, etcdwatch.ErrInvalidArgument)
+	require.ErrorContains(t, err, "first.pem")
+	require.NotContains(t, err.Error(), "second.pem")
+}

@@ -64,3 +64,34 @@ func TestSteady(t *testing.T) {
 		}
 	}
 }
+
+// TestSteadyUpBoundaries: a counted stream up since exactly the Since
+// kept is no blip (only one up since later is), and a counted stream's up
+// time means nothing while the state is down: a down state keeps the Since
+// of its first read. Catches "later" read as "not earlier", and the blip
+// rule applied to a down state (the start of an outage moved by a stream
+// that came back while others were still down).
+func TestSteadyUpBoundaries(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	type step struct {
+		up        bool
+		since, by int // by: a counted stream up since then; -1 none
+		want      int
+	}
+	for name, steps := range map[string][]step{
+		"up since the Since kept":               {{true, 1, 1, 1}, {true, 3, 1, 1}},
+		"down, a counted stream up since later": {{false, 4, -1, 4}, {false, 6, 5, 4}},
+	} {
+		var k Steady
+		for i, s := range steps {
+			up := time.Time{}
+			if s.by >= 0 {
+				up = at(s.by)
+			}
+			if got := k.Keep(s.up, at(s.since), up); !got.Equal(at(s.want)) {
+				t.Fatalf("%s, step %d: since %v, want %v", name, i, got.Sub(t0), at(s.want).Sub(t0))
+			}
+		}
+	}
+}

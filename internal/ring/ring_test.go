@@ -111,3 +111,46 @@ func TestRingReleasesALargeBufferOnceDrained(t *testing.T) {
 		}
 	}
 }
+
+// TestRingLetsGoOfWhatItRemoves: a slot Pop or DeleteFunc has emptied no
+// longer holds its element, so the garbage collector may have it though
+// the ring keeps its buffer. Catches a removed element kept reachable.
+func TestRingLetsGoOfWhatItRemoves(t *testing.T) {
+	var r Ring[*int]
+	for i := range 4 {
+		r.Push(&i)
+	}
+	r.Pop()
+	r.DeleteFunc(func(p *int) bool { return *p == 2 })
+	if r.Len() != 2 || r.Cap() != 4 {
+		t.Fatalf("Len %d, Cap %d; want 2, 4", r.Len(), r.Cap())
+	}
+	held := 0
+	for _, p := range r.buf {
+		if p != nil {
+			held++
+		}
+	}
+	if held != r.Len() {
+		t.Fatalf("the buffer holds %d elements, the ring %d", held, r.Len())
+	}
+}
+
+// TestRingAllStopsWhenAsked: a range over All may break off. Catches All
+// calling yield again after it returned false, which panics.
+func TestRingAllStopsWhenAsked(t *testing.T) {
+	var r Ring[int]
+	for i := range 5 {
+		r.Push(i)
+	}
+	var seen []int
+	for v := range r.All() {
+		seen = append(seen, v)
+		if v == 1 {
+			break
+		}
+	}
+	if len(seen) != 2 || seen[0] != 0 || seen[1] != 1 {
+		t.Fatalf("saw %v, want [0 1]", seen)
+	}
+}

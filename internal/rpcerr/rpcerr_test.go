@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -112,5 +113,64 @@ func TestNoLeader(t *testing.T) {
 	}
 	if NoLeader(status.Error(codes.Unavailable, "connection refused")) || NoLeader(errors.New("no leader")) {
 		t.Error("a refusal that is not etcd's no-leader status was taken for one")
+	}
+}
+
+// TestTokenUnknown: only a reason saying the member does not know the
+// token, in whatever case and wrapped or bare, as Classify reads reasons;
+// not a token older than the auth store, which is Unauthenticated too but
+// no member's lag. Catches TokenUnknown taken as Classify's Unauthenticated
+// (a token refused for an old auth store kept as if a member lagged), or
+// matching case-sensitively where Classify does not.
+func TestTokenUnknown(t *testing.T) {
+	for reason, want := range map[string]bool{
+		"etcdserver: invalid auth token":                                                     true,
+		"rpc error: code = Unauthenticated desc = etcdserver: invalid auth token":            true,
+		"etcdserver: Invalid Auth Token":                                                     true,
+		"etcdserver: revision of auth store is old":                                          false,
+		"rpc error: code = InvalidArgument desc = etcdserver: revision of auth store is old": false,
+		"etcdserver: user name is empty":                                                     false,
+		"etcdserver: permission denied":                                                      false,
+		"":                                                                                   false,
+	} {
+		if got := TokenUnknown(reason); got != want {
+			t.Errorf("TokenUnknown(%q) = %v, want %v", reason, got, want)
+		}
+		if want && Classify(reason) != Unauthenticated {
+			t.Errorf("Classify(%q) = %d: a token the member does not know is Unauthenticated", reason, Classify(reason))
+		}
+	}
+}
+
+// TestNoLeaderNeedsUnavailable: "no leader" under another code is not
+// etcd's no-leader refusal. Catches the code not checked.
+func TestNoLeaderNeedsUnavailable(t *testing.T) {
+	for _, c := range []codes.Code{codes.Unknown, codes.FailedPrecondition, codes.Internal, codes.Canceled} {
+		if NoLeader(status.Error(c, "etcdserver: no leader")) {
+			t.Errorf("NoLeader of %v with the text of no leader: true, want false", c)
+		}
+	}
+}
+
+// TestWaitsForReadyLastWins: of several grpc.WaitForReady options, the
+// last one counts, as gRPC applies them. Catches any WaitForReady(true)
+// winning over a later WaitForReady(false) (a call default overridden per
+// call).
+func TestWaitsForReadyLastWins(t *testing.T) {
+	for _, tc := range []struct {
+		opts []grpc.CallOption
+		want bool
+	}{
+		{nil, false},
+		{[]grpc.CallOption{grpc.WaitForReady(true)}, true},
+		{[]grpc.CallOption{grpc.WaitForReady(false)}, false},
+		{[]grpc.CallOption{grpc.WaitForReady(false), grpc.WaitForReady(true)}, true},
+		{[]grpc.CallOption{grpc.WaitForReady(true), grpc.WaitForReady(false)}, false},
+		{[]grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(1), grpc.WaitForReady(false)}, false},
+		{[]grpc.CallOption{grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(1)}, true},
+	} {
+		if got := WaitsForReady(tc.opts); got != tc.want {
+			t.Errorf("WaitsForReady(%v) = %v, want %v", tc.opts, got, tc.want)
+		}
 	}
 }

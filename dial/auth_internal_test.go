@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestFreshTokenLagging: what a refusal of a token no RPC has been served
@@ -41,4 +43,24 @@ func TestFreshTokenLagging(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestUnauthenticatedTimeoutIsUnavailable: an Authenticate that ran out of
+// authTimeout, the RPC's own context not ended, fails that RPC as
+// Unavailable (it exceeded no deadline of its own), and says so; any other
+// failure keeps its code and text. Catches DeadlineExceeded passed on, which
+// a caller takes for its own deadline.
+func TestUnauthenticatedTimeoutIsUnavailable(t *testing.T) {
+	timedOut := status.Error(codes.DeadlineExceeded, "context deadline exceeded")
+	err := unauthenticated("alice", timedOut)
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	require.Equal(t, "etcdwatch: cannot authenticate as user alice: no answer within 5s", status.Convert(err).Message())
+	require.ErrorIs(t, err, timedOut)
+
+	noLeader := status.Error(codes.Unavailable, "etcdserver: no leader")
+	err = unauthenticated("alice", noLeader)
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	require.Equal(t, "etcdwatch: cannot authenticate as user alice: etcdserver: no leader", status.Convert(err).Message())
+	learner := status.Error(codes.FailedPrecondition, "etcdserver: rpc not supported for learner")
+	require.Equal(t, codes.FailedPrecondition, status.Code(unauthenticated("alice", learner)))
 }
