@@ -195,6 +195,36 @@ func TestVerifiesEachMemberByItsHost(t *testing.T) {
 	require.ErrorContains(t, err, "doesn't contain any IP SANs")
 }
 
+// TestClientCertificateIsSent: WithTLSFiles with a certificate and key
+// presents them: a member that requires a client certificate signed by
+// its CA serves the connection, and refuses one made with the CA alone.
+// Catches the certificate read but left out of the TLS config.
+func TestClientCertificateIsSent(t *testing.T) {
+	certs := newTestCerts(t, "localhost", "127.0.0.1")
+	m := &tlsMember{id: 1}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	_, m.port, _ = net.SplitHostPort(lis.Addr().String())
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{certs.server},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    certs.pool,
+	})))
+	pb.RegisterMaintenanceServer(srv, m)
+	serve(t, srv, lis)
+	status := func(opt dial.Option) error {
+		conn, err := dial.New([]string{"https://127.0.0.1:" + m.port}, opt)
+		require.NoError(t, err)
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		_, err = pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
+		return err
+	}
+	require.NoError(t, status(dial.WithTLSFiles(certs.caFile, certs.certFile, certs.keyFile)))
+	require.Error(t, status(dial.WithTLSFiles(certs.caFile, "", "")), "a connection without a client certificate")
+}
+
 // TestWithTLSTakesTheConfigAtTheCall: WithTLS clones its config when it is
 // called, as its doc says: a change to the config after it does not reach
 // the connection, and one Option serves two New calls at once (which raced
