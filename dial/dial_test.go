@@ -212,7 +212,7 @@ func TestClientCertificateIsSent(t *testing.T) {
 	})))
 	pb.RegisterMaintenanceServer(srv, m)
 	serve(t, srv, lis)
-	status := func(opt dial.Option) error {
+	statusWith := func(opt dial.Option) error {
 		conn, err := dial.New([]string{"https://127.0.0.1:" + m.port}, opt)
 		require.NoError(t, err)
 		defer conn.Close()
@@ -221,8 +221,8 @@ func TestClientCertificateIsSent(t *testing.T) {
 		_, err = pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
 		return err
 	}
-	require.NoError(t, status(dial.WithTLSFiles(certs.caFile, certs.certFile, certs.keyFile)))
-	require.Error(t, status(dial.WithTLSFiles(certs.caFile, "", "")), "a connection without a client certificate")
+	require.NoError(t, statusWith(dial.WithTLSFiles(certs.caFile, certs.certFile, certs.keyFile)))
+	require.Error(t, statusWith(dial.WithTLSFiles(certs.caFile, "", "")), "a connection without a client certificate")
 }
 
 // TestWithTLSTakesTheConfigAtTheCall: WithTLS clones its config when it is
