@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch/clientv3watch"
@@ -739,6 +740,100 @@ var contractCases = []contractCase{
 		require.NoError(t, err)
 		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithRev(r2))
 		require.Equal(t, "2", string(events(t, ch, 1)[0].Kv.Value))
+	}},
+	{name: "empty key alone: confirmed, not refused, and answers progress", run: func(t *testing.T, e *env) {
+		ch := e.cli.Watch(e.ctx, "", clientv3.WithCreatedNotify())
+		c := next(t, ch)
+		require.True(t, c.Created, "%+v, Err %v", c, c.Err())
+		require.NoError(t, c.Err())
+		fence(t, e, ch, 0)
+	}},
+	{name: "WithRange(\"\"): the key alone, as without it", run: func(t *testing.T, e *env) {
+		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithRange(""))
+		e.put(t, "k", "1")
+		e.put(t, "k2", "x")
+		r := e.put(t, "k", "2")
+		require.Equal(t, []string{"PUT " + e.key("k") + "=1", "PUT " + e.key("k") + "=2"}, kvs(events(t, ch, 2)))
+		fence(t, e, ch, r)
+	}},
+	{name: "empty range, end equal to key: canceled with etcd's reason", run: func(t *testing.T, e *env) {
+		ch := e.cli.Watch(e.ctx, e.key("b"), clientv3.WithRange(e.key("b")))
+		r := next(t, ch)
+		require.True(t, r.Canceled)
+		require.ErrorContains(t, r.Err(), "watcher range is empty")
+		closed(t, ch)
+	}},
+	{name: "an event's key-value carries its lease, and so does its previous one", run: func(t *testing.T, e *env) {
+		l, err := e.cli.Grant(e.ctx, 60)
+		require.NoError(t, err)
+		ch := e.cli.Watch(e.ctx, e.key("k"), clientv3.WithPrevKV())
+		_, err = e.cli.Put(e.ctx, e.key("k"), "1", clientv3.WithLease(l.ID))
+		require.NoError(t, err)
+		e.put(t, "k", "2") // no lease
+		evs := events(t, ch, 2)
+		require.Equal(t, int64(l.ID), evs[0].Kv.Lease)
+		require.Zero(t, evs[1].Kv.Lease)
+		require.Equal(t, int64(l.ID), evs[1].PrevKv.Lease)
+	}},
+	{name: "equal outgoing metadata of several keys: one stream, which RequestProgress reaches", run: func(t *testing.T, e *env) {
+		// Eight keys: a map of them iterates in an order of its own each
+		// time, which naming the metadata must not depend on.
+		var kv []string
+		for i := range 8 {
+			kv = append(kv, fmt.Sprintf("x-md-%d", i), fmt.Sprint(i))
+		}
+		ctx := metadata.AppendToOutgoingContext(e.ctx, kv...)
+		for i := range 4 {
+			ch := e.cli.Watch(ctx, e.key(fmt.Sprint(i)))
+			require.NoError(t, e.cli.RequestProgress(ctx))
+			p := next(t, ch)
+			require.True(t, p.IsProgressNotify(), "watch %d: %+v", i, p)
+		}
+	}},
+	{name: "Close under a watch whose ctx never ends: Close returns, the channel closes", run: func(t *testing.T, e *env) {
+		ctx, cancel := context.WithCancel(context.Background()) // no deadline: only Close can end the watch
+		defer cancel()
+		ch := e.cli.Watch(ctx, e.key("k"))
+		e.put(t, "k", "1")
+		events(t, ch, 1)
+		done := make(chan error, 1)
+		go func() { done <- e.cli.Watcher.Close() }()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(wait):
+			t.Fatal("Close did not return")
+		}
+		closedPerhapsCanceled(t, ch) // clientv3 may post its stream's close error first (see the Close case)
+	}},
+	{name: "receive limit: the old stream's last watch ending leaves the new stream to RequestProgress", run: func(t *testing.T, e *env) {
+		cli, write := limited(t, e)
+		write(big)
+		ch := cli.Watch(e.ctx, e.key(""), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		unread := cli.Watch(e.ctx, e.key("a")) // on the same stream; read only once the new one is open
+		write("small")
+		require.Len(t, events(t, ch, 2), 2)
+		write(big)
+		events(t, ch, 2)
+		write(big + "2") // over the limit: ends the stream
+		require.True(t, next(t, ch).Canceled)
+		closed(t, ch)
+		var fresh clientv3.WatchChan
+		for attempt := 0; fresh == nil; attempt++ { // as in "receive limit: a Watch after the stream ended ..."
+			require.NoError(t, e.ctx.Err(), "still refused after %d attempts", attempt)
+			c := cli.Watch(e.ctx, e.key("c"), clientv3.WithCreatedNotify())
+			r := next(t, c)
+			if r.Created {
+				fresh = c
+				break
+			}
+			require.True(t, r.Canceled, "%+v", r)
+		}
+		for range unread { // its events, perhaps its end, then closed: its stream is let go
+		}
+		require.NoError(t, cli.RequestProgress(e.ctx))
+		p := next(t, fresh)
+		require.True(t, p.IsProgressNotify(), "%+v", p)
 	}},
 }
 

@@ -2,7 +2,9 @@ package clientv3watch_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -224,4 +226,105 @@ func (w warnings) Handle(_ context.Context, r slog.Record) error {
 	default:
 	}
 	return nil
+}
+
+// heldConn is a connection whose Watch streams hold back the first
+// stream-wide progress answer (watch id -1) they receive until release is
+// closed, and say so on held.
+type heldConn struct {
+	*grpc.ClientConn
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (c *heldConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	cs, err := c.ClientConn.NewStream(ctx, desc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &heldStream{ClientStream: cs, c: c}, nil
+}
+
+type heldStream struct {
+	grpc.ClientStream
+	c    *heldConn
+	done bool // one answer held already
+}
+
+func (s *heldStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil && !s.done && isStreamProgress(m) {
+		s.done = true
+		s.c.held <- struct{}{}
+		<-s.c.release
+	}
+	return err
+}
+
+// isStreamProgress reports whether m, a response as the Stream decodes it
+// (a type of its own, with the fields of etcd's WatchResponse), answers a
+// progress request: watch id -1, nothing else.
+func isStreamProgress(m any) bool {
+	v := reflect.ValueOf(m)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	r := v.Elem()
+	id, created, canceled, evs := r.FieldByName("WatchID"), r.FieldByName("Created"), r.FieldByName("Canceled"), r.FieldByName("Events")
+	if !id.IsValid() || !created.IsValid() || !canceled.IsValid() || !evs.IsValid() {
+		panic(fmt.Sprintf("%T: not the Stream's response type any more", m))
+	}
+	return id.Int() == -1 && !created.Bool() && !canceled.Bool() && evs.Len() == 0
+}
+
+// TestDropInProgressAskedWhileOneIsOut: drop-in behaviour clientv3 cannot
+// be tested for, with an answer held on the wire.
+func TestDropInProgressAskedWhileOneIsOut(t *testing.T) {
+	srv := etcdwatchtest.StartEtcd(t)
+	endpoints := []string{srv.Endpoint}
+
+	t.Run("RequestProgress while one is out: one more is sent after it, answering at least what came before the call", func(t *testing.T) {
+		cli := client(t, endpoints, "", "")
+		conn := &heldConn{ClientConn: cli.ActiveConnection(), held: make(chan struct{}, 1), release: make(chan struct{})}
+		// No retries within the test: only RequestProgress calls ask.
+		w := clientv3watch.NewFromConn(conn, etcdwatch.WithProgressRetry(time.Hour, time.Hour))
+		defer func() { require.NoError(t, w.Close()) }()
+		defer func() { // before Close, should the case fail with the answer held
+			select {
+			case <-conn.release:
+			default:
+				close(conn.release)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		ch := w.Watch(ctx, "held/k", clientv3.WithCreatedNotify())
+		require.True(t, next(t, ch).Created)
+
+		require.NoError(t, w.RequestProgress(ctx))
+		select {
+		case <-conn.held: // the first answer, held: that request is still out
+		case <-ctx.Done():
+			t.Fatal("no progress answer")
+		}
+		put, err := cli.Put(ctx, "held/k", "1") // after the first answer, before the second call
+		require.NoError(t, err)
+		require.NoError(t, w.RequestProgress(ctx)) // while the first is out
+		close(conn.release)
+		var sawEvent bool
+		for {
+			r := next(t, ch)
+			require.NoError(t, r.Err())
+			if len(r.Events) > 0 {
+				require.Equal(t, put.Header.Revision, r.Events[0].Kv.ModRevision)
+				sawEvent = true
+				continue
+			}
+			require.True(t, r.IsProgressNotify(), "%+v", r)
+			if r.Header.Revision >= put.Header.Revision {
+				require.True(t, sawEvent, "a notification at %d before the event at %d", r.Header.Revision, put.Header.Revision)
+				return // the second request's answer
+			}
+		}
+	})
 }
