@@ -81,15 +81,42 @@ func openAsync(t *testing.T, g *group.Group, r etcdwatch.Request) <-chan opened 
 	return done
 }
 
-// confirmNext takes the next stream opened on srv, reads its create and
-// confirms it at header revision rev.
-func confirmNext(t *testing.T, srv *ws.Server, rev int64) (*ws.Stream, *pb.WatchCreateRequest) {
+// confirmNext takes the next stream opened on srv, and confirms the
+// create of key on it at header revision rev. A liveness probe sent before
+// it is confirmed too, and its cancel taken, so that the stream's next
+// request is the test's. Taking the first create for key's, as it did,
+// confirmed the probe instead in 1 run of 7 to 100, and the Watch call
+// waited for ever (a 10-minute CI timeout).
+func confirmNext(t *testing.T, srv *ws.Server, key string, rev int64) (*ws.Stream, *pb.WatchCreateRequest) {
 	t.Helper()
 	st := srv.Accept(t)
-	c := st.RecvCreate(t)
-	st.Send(t, ws.Created(c.WatchId, rev))
-	return st, c
+	var (
+		want  *pb.WatchCreateRequest
+		probe int64 = -1 // the liveness probe's id, until its cancel is taken
+	)
+	for want == nil || probe >= 0 {
+		req := st.Recv(t)
+		switch c, x := req.GetCreateRequest(), req.GetCancelRequest(); {
+		case c != nil && string(c.Key) == key:
+			st.Send(t, ws.Created(c.WatchId, rev))
+			want = c
+		case c != nil && string(c.Key) == probeKey:
+			st.Send(t, ws.Created(c.WatchId, rev))
+			probe = c.WatchId
+		case x != nil && x.WatchId == probe:
+			probe = -1
+		default:
+			t.Fatalf("a request for neither %q nor the probe: %v", key, req)
+		}
+	}
+	return st, want
 }
+
+// probeKey is the key of the liveness probe a Stream sends (a watch it
+// creates and cancels at once) when it opens a stream after one that
+// failed, with no watch to create on it: a Stream whose home is down at
+// Dial may send one on the member it goes to, before its first watch.
+const probeKey = "\x00etcdwatch-liveness-probe"
 
 var noLeader = status.Error(codes.Unavailable, "etcdserver: no leader")
 
@@ -109,7 +136,7 @@ func TestDialLeavesALeaderlessMemberAndGoesHome(t *testing.T) {
 	require.Equal(t, []string{"true"}, refused.Metadata().Get("hasleader"))
 	refused.Close(noLeader)
 
-	away, c := confirmNext(t, other, 5)
+	away, c := confirmNext(t, other, "k", 5)
 	o := <-done
 	require.NoError(t, o.err)
 	away.Send(t, ws.Events(c.WatchId, 6, ws.Put("k", "away", 6)))
@@ -146,7 +173,7 @@ func TestDialWhileHomeIsDownGoesHomeLater(t *testing.T) {
 		group.WithStreams(1), group.WithHoming(100*time.Millisecond))
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
-	away, _ := confirmNext(t, other, 5)
+	away, _ := confirmNext(t, other, "k", 5)
 	o := <-done
 	require.NoError(t, o.err)
 
@@ -171,7 +198,7 @@ func TestProgressWithHomeDownAtDial(t *testing.T) {
 	g := dialScriptedDown(t, []*ws.Server{home, other}, func(i int) bool { return i == 0 }, group.WithStreams(1))
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
-	away, _ := confirmNext(t, other, 5)
+	away, _ := confirmNext(t, other, "k", 5)
 	require.NoError(t, (<-done).err)
 
 	answered := make(chan error, 1)
@@ -232,10 +259,10 @@ func TestHomingWithASettleShorterThanTheRoundTrip(t *testing.T) {
 		func(c net.Conn) net.Conn { return slowConn{c, 40 * time.Millisecond} },
 		group.WithStreams(1), group.WithHoming(60*time.Millisecond))
 	done := openAsync(t, g, etcdwatch.Key("k"))
-	away, _ := confirmNext(t, other, 5)
+	away, _ := confirmNext(t, other, "k", 5)
 	require.NoError(t, (<-done).err)
 	homeDown.Store(false)
-	confirmNext(t, home, 5)
+	confirmNext(t, home, "k", 5)
 	require.True(t, away.Ended(t))
 }
 

@@ -49,7 +49,7 @@ func TestWaitForReadyCallOptionDoesNotTieTheStreamToItsHome(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, g.Close()) })
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
-	confirmNext(t, other, 5) // within ws.Timeout (10s): the home's attempt fails after 5s
+	confirmNext(t, other, "k", 5) // within ws.Timeout (10s): the home's attempt fails after 5s
 	require.NoError(t, (<-done).err)
 }
 
