@@ -894,3 +894,53 @@ func TestGroupStateLeavesOutIdleAndFailedStreams(t *testing.T) {
 		require.Equal(t, codes.ResourceExhausted, status.Code(st.LastError), "its error still shows")
 	})
 }
+
+// TestGroupFailedOnceEveryOwnStreamFailed: State.Failed is set once every
+// Stream of the group's own has failed for good, however many there are,
+// one included, and not while one has not. Catches the failure taken from
+// another Stream than the first (a group of one never reading failed).
+func TestGroupFailedOnceEveryOwnStreamFailed(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		f := serve(t)
+		g := newGroup(t, f, n, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
+		watches, m := f.mapping(t, g, "a", n)
+		for i := range n {
+			require.NoError(t, g.State().Failed, "%d of %d Streams failed for good: the group can still watch", i, n)
+			f.failForGood(t, m[i], watches[i])
+		}
+		require.ErrorIs(t, g.State().Failed, etcdwatch.ErrStreamFailed, "every one of %d Streams failed for good", n)
+	}
+}
+
+// TestGroupStateCountsAStreamAskedAndNotAnswered: an own Stream that has
+// a watch whose create its server has not answered counts in the group's
+// State in full: the group reads disconnected until it answers, though the
+// other Stream is connected. Only one asked nothing counts by its errors.
+func TestGroupStateCountsAStreamAskedAndNotAnswered(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 2, group.WithStreamOptions(etcdwatch.WithLiveness(0, 0)))
+	_, err := g.Watch(ctx(t), etcdwatch.Key("a")) // Stream 0, answered
+	require.NoError(t, err)
+	require.True(t, g.State().Connected, "one Stream answered, the other asked nothing")
+	slow := watchAsync(g, etcdwatch.Key("slow/1")) // Stream 1: 0 watches against 1
+	f.holding(1)
+	require.EqualValues(t, 1, g.Streams()[1].Stats.Watches, "slow/1 on Stream 1, counted by its call")
+	require.False(t, g.State().Connected, "Stream 1 was asked, and its server has not answered")
+	close(f.slow)
+	require.NoError(t, <-slow)
+	require.True(t, g.State().Connected, "Stream 1 answered")
+}
+
+// TestRequestProgressOfFailedStreamsIsTheirFailure: RequestProgress on a
+// group whose every Stream with watches failed for good returns that
+// failure, not ErrNoWatches, as its doc says. Catches the failure dropped
+// as the Streams are left out.
+func TestRequestProgressOfFailedStreamsIsTheirFailure(t *testing.T) {
+	f := serve(t)
+	g := newGroup(t, f, 1, group.WithStreamOptions(etcdwatch.WithCallOptions(grpc.MaxCallRecvMsgSize(32<<10))))
+	watches, m := f.mapping(t, g, "a", 1)
+	f.failForGood(t, m[0], watches[0])
+	_, err := g.RequestProgress(ctx(t))
+	require.ErrorIs(t, err, etcdwatch.ErrStreamFailed)
+	require.NotErrorIs(t, err, etcdwatch.ErrNoWatches)
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/etcdwatch/etcdwatch/internal/clock"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -36,4 +37,23 @@ func TestSettleCountsFromTheLeader(t *testing.T) {
 	srv.SetLeader(0)
 	require.False(t, ms.probe(t.Context(), 0))
 	require.False(t, ms.homeDue(0), "the leader lost: up no longer")
+}
+
+// TestMemberFreshUntilReadyOrFailed: a member is fresh (route's tier 1
+// waits for it) until its connection has been ready or failed once; a
+// member whose first attempt failed is not fresh while it connects again,
+// so a Stream whose home is down at Dial takes the next member up rather
+// than waiting on each of the home's retries.
+func TestMemberFreshUntilReadyOrFailed(t *testing.T) {
+	for _, first := range []connectivity.State{connectivity.TransientFailure, connectivity.Ready} {
+		cc, err := grpc.NewClient("passthrough:///127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cc.Close() })
+		ms := newMembers([]*grpc.ClientConn{cc}, 0)
+		ms.setState(0, connectivity.Connecting)
+		require.True(t, ms.memberState(0).fresh, "first attempt under way")
+		ms.setState(0, first)
+		ms.setState(0, connectivity.Connecting)
+		require.False(t, ms.memberState(0).fresh, "connecting again after %v", first)
+	}
 }

@@ -125,3 +125,43 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementPinnedStreamsDoNotDecideHealth: pinned Streams take no
+// watch, so they count for placement's load only, never for rule 1's "while
+// another is healthy" or "while another has not failed for good": a healthy
+// pinned Stream must not make every own Stream reconnecting ineligible,
+// nor a live pinned Stream every own Stream that failed for good (either
+// leaves no Stream to choose: -1, which Group.place indexes with).
+func TestPlacementPinnedStreamsDoNotDecideHealth(t *testing.T) {
+	pin := func(member string) candidate {
+		return candidate{watches: 1, healthy: true, member: member, pinned: true}
+	}
+	for _, tc := range []struct {
+		name  string
+		cands []candidate
+		n     int
+		want  []int
+		after []int
+	}{
+		{name: "every own Stream reconnecting, a pinned one healthy: balanced over the own ones",
+			cands: []candidate{{member: "a"}, {member: "b"}, pin("a")}, n: 3,
+			// a carries the pinned watch: s1; then a:1 b:1, s0 has fewer; then a:2 b:1
+			want: []int{1, 0, 1}, after: []int{1, 2, 1}},
+		{name: "every own Stream failed for good, a pinned one alive: one is chosen all the same",
+			cands: []candidate{{failed: true, member: "a"}, {failed: true, member: "b"}, pin("a")}, n: 2,
+			want: []int{1, 0}, after: []int{1, 1, 1}},
+	} {
+		p := placement{cands: slices.Clone(tc.cands)}
+		var got []int
+		for range tc.n {
+			got = append(got, p.next(false))
+		}
+		var after []int
+		for _, c := range p.cands {
+			after = append(after, c.watches)
+		}
+		if !slices.Equal(got, tc.want) || !slices.Equal(after, tc.after) {
+			t.Errorf("%s: chose %v leaving %v; want %v leaving %v", tc.name, got, after, tc.want, tc.after)
+		}
+	}
+}
