@@ -70,9 +70,27 @@ type opened struct {
 	err error
 }
 
+// openCall is the outcome of an openAsync call, to come.
+type openCall <-chan opened
+
+// wait waits for the outcome of the call, and fails t if it does not
+// come within ws.Timeout: the call's context is the test's, so a create
+// nobody answers would otherwise hold the test until the package's
+// timeout (10 minutes in CI).
+func (o openCall) wait(t *testing.T) opened {
+	t.Helper()
+	select {
+	case r := <-o:
+		return r
+	case <-timeout():
+		t.Fatalf("the Watch call did not return within %v", ws.Timeout)
+		return opened{}
+	}
+}
+
 // openAsync calls g.Watch on another goroutine, which returns once the
 // watch is confirmed or refused; the watch lives as long as the test.
-func openAsync(t *testing.T, g *group.Group, r etcdwatch.Request) <-chan opened {
+func openAsync(t *testing.T, g *group.Group, r etcdwatch.Request) openCall {
 	done := make(chan opened, 1)
 	go func() { // returns with the call, within the test's context
 		w, err := g.Watch(t.Context(), r)
@@ -137,7 +155,7 @@ func TestDialLeavesALeaderlessMemberAndGoesHome(t *testing.T) {
 	refused.Close(noLeader)
 
 	away, c := confirmNext(t, other, "k", 5)
-	o := <-done
+	o := done.wait(t)
 	require.NoError(t, o.err)
 	away.Send(t, ws.Events(c.WatchId, 6, ws.Put("k", "away", 6)))
 	requireEvent(t, o.w, "away", 6)
@@ -174,7 +192,7 @@ func TestDialWhileHomeIsDownGoesHomeLater(t *testing.T) {
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
 	away, _ := confirmNext(t, other, "k", 5)
-	o := <-done
+	o := done.wait(t)
 	require.NoError(t, o.err)
 
 	homeDown.Store(false)
@@ -199,7 +217,7 @@ func TestProgressWithHomeDownAtDial(t *testing.T) {
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
 	away, _ := confirmNext(t, other, "k", 5)
-	require.NoError(t, (<-done).err)
+	require.NoError(t, done.wait(t).err)
 
 	answered := make(chan error, 1)
 	go func() { // returns once answered, or when the test's context ends
@@ -230,7 +248,7 @@ func TestGoHomeBeforeTheCreateIsAnswered(t *testing.T) {
 	back := home.Accept(t)
 	c := back.RecvCreate(t)
 	back.Send(t, ws.Created(c.WatchId, 5))
-	require.NoError(t, (<-done).err)
+	require.NoError(t, done.wait(t).err)
 	require.True(t, away.Ended(t))
 }
 
@@ -260,7 +278,7 @@ func TestHomingWithASettleShorterThanTheRoundTrip(t *testing.T) {
 		group.WithStreams(1), group.WithHoming(60*time.Millisecond))
 	done := openAsync(t, g, etcdwatch.Key("k"))
 	away, _ := confirmNext(t, other, "k", 5)
-	require.NoError(t, (<-done).err)
+	require.NoError(t, done.wait(t).err)
 	homeDown.Store(false)
 	confirmNext(t, home, "k", 5)
 	require.True(t, away.Ended(t))

@@ -50,7 +50,7 @@ func TestWaitForReadyCallOptionDoesNotTieTheStreamToItsHome(t *testing.T) {
 
 	done := openAsync(t, g, etcdwatch.Key("k"))
 	confirmNext(t, other, "k", 5) // within ws.Timeout (10s): the home's attempt fails after 5s
-	require.NoError(t, (<-done).err)
+	require.NoError(t, done.wait(t).err)
 }
 
 // TestWaitForReadyCallEndsWithItsContextsCode: a call through the group's
