@@ -1322,14 +1322,8 @@ func TestTrapCompactedJustPastWithAnOlderHeader(t *testing.T) {
 // watch open on a server that dropped it.
 func TestCancelLeftByAnEndedStreamIsForgotten(t *testing.T) {
 	h := newHarness(t)
-	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
-	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(0, 1)) // its own ids, from 0
-	a := recvResult(t, res).w
-	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
-	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(1, 1))
-	b := recvResult(t, res).w
+	a := h.watchWithID(etcdwatch.Key("a"), 0) // its own ids, from 0
+	b := h.watchWithID(etcdwatch.Key("b"), 1)
 	a.Cancel()
 	require.Equal(t, int64(0), h.srv.RecvCancel(t)) // not answered: the stream ends
 	h.cut()

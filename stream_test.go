@@ -1741,6 +1741,18 @@ func TestUnknownIDZeroIsCanceled(t *testing.T) {
 	require.Equal(t, uint64(1), h.s.Stats().UnknownResponses)
 }
 
+// watchWithID opens a watch of r that the server confirms with an id of
+// its own choosing, as a gRPC proxy does, and checks the watch took it.
+func (h *harness) watchWithID(r etcdwatch.Request, id int64) *etcdwatch.Watch {
+	h.t.Helper()
+	res := h.watchAsync(context.Background(), r)
+	h.srv.RecvCreate(h.t)
+	h.srv.Send(h.t, ws.Created(id, 1))
+	w := recvResult(h.t, res).w
+	require.Equal(h.t, id, w.ID())
+	return w
+}
+
 // TestLateEventsOfAServerChosenIDAreCanceledAgain: after the server
 // answered the cancel of a watch whose id it chose itself, a late event for
 // that id cannot be told from one for an id the server made up: it is
@@ -1751,15 +1763,8 @@ func TestUnknownIDZeroIsCanceled(t *testing.T) {
 // it stays held.
 func TestLateEventsOfAServerChosenIDAreCanceledAgain(t *testing.T) {
 	h := newHarness(t)
-	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
-	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(100, 1)) // its own id
-	a := recvResult(t, res).w
-	require.Equal(t, int64(100), a.ID())
-	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
-	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(101, 1))
-	b := recvResult(t, res).w
+	a := h.watchWithID(etcdwatch.Key("a"), 100)
+	b := h.watchWithID(etcdwatch.Key("b"), 101)
 
 	a.Cancel()
 	require.Equal(t, int64(100), h.srv.RecvCancel(t))
@@ -1780,12 +1785,8 @@ func TestLateEventsOfAServerChosenIDAreCanceledAgain(t *testing.T) {
 // one left without events and never ended.
 func TestServerConfirmingAnIDInUseEndsTheNewWatch(t *testing.T) {
 	h := newHarness(t)
-	res := h.watchAsync(context.Background(), etcdwatch.Key("a"))
-	h.srv.RecvCreate(t)
-	h.srv.Send(t, ws.Created(100, 1)) // its own id
-	a := recvResult(t, res).w
-	require.Equal(t, int64(100), a.ID())
-	res = h.watchAsync(context.Background(), etcdwatch.Key("b"))
+	a := h.watchWithID(etcdwatch.Key("a"), 100)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("b"))
 	h.srv.RecvCreate(t)
 	h.srv.Send(t, ws.Created(100, 1)) // in use
 	got := recvResult(t, res)

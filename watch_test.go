@@ -275,14 +275,7 @@ func TestPausedWatchResumesAtHalfItsLimit(t *testing.T) {
 	const limit, per = 200, 40
 	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
 	w := h.watch(etcdwatch.Key("a"), 1)
-	for rev := int64(2); rev < 2+limit/per; rev++ {
-		resp := ws.Events(w.ID(), rev)
-		for range per {
-			resp.Events = append(resp.Events, ws.Put("a", "v", rev))
-		}
-		h.srv.Send(t, resp)
-	}
-	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t)))
+	pauseAtLimit(h, w, limit, per)
 	for range 2 { // 120 events left: above half
 		require.Len(t, next(t, w).Events, per)
 	}
@@ -297,6 +290,21 @@ func TestPausedWatchResumesAtHalfItsLimit(t *testing.T) {
 	// again, not the next, which would be one the store has not reached.
 	require.Equal(t, int64(1+limit/per), c.StartRevision)
 	require.Equal(t, uint64(1), h.s.Stats().Resumes)
+}
+
+// pauseAtLimit sends w limit events from revision 2 on, per events a
+// response, which its consumer does not read, and answers the cancel that
+// pauses it (the harness's Stream waits no stall budget).
+func pauseAtLimit(h *harness, w *etcdwatch.Watch, limit, per int) {
+	h.t.Helper()
+	for rev := int64(2); rev < int64(2+limit/per); rev++ {
+		resp := ws.Events(w.ID(), rev)
+		for range per {
+			resp.Events = append(resp.Events, ws.Put("a", "v", rev))
+		}
+		h.srv.Send(h.t, resp)
+	}
+	h.srv.Send(h.t, ws.Canceled(h.srv.RecvCancel(h.t)))
 }
 
 // fillToLimit sends w limit events from revision 2 on and waits until the
@@ -757,14 +765,7 @@ func TestPausedWatchResumesAtExactlyHalfItsLimit(t *testing.T) {
 	const limit, per = 200, 50
 	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
 	w := h.watch(etcdwatch.Key("a"), 1)
-	for rev := int64(2); rev < 2+limit/per; rev++ {
-		resp := ws.Events(w.ID(), rev)
-		for range per {
-			resp.Events = append(resp.Events, ws.Put("a", "v", rev))
-		}
-		h.srv.Send(t, resp)
-	}
-	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t))) // paused at its limit
+	pauseAtLimit(h, w, limit, per)
 	require.Len(t, next(t, w).Events, per)
 	require.Len(t, next(t, w).Events, per) // 100 left: half
 	h.await(func() bool { return h.obs.Count(etcdwatch.HookTook) == 2 })

@@ -816,13 +816,13 @@ func holdChecks(kv *ws.KV) {
 	kv.FailNext(errs...)
 }
 
-// TestRepairFixesWhatTheCheckFound: a key whose ModRevision is right
-// but whose Version is not (a server or client fault, which is what the
-// check is for) is found by the integrity check, which asks for a relist;
-// the relist must repair it. The differ kept every entry whose ModRevision
-// did not move, so the wrong entry stayed, and every check after found it
-// again and listed again.
-func TestRepairFixesWhatTheCheckFound(t *testing.T) {
+// repairOf opens a view with an integrity check every 5 ms and applies a
+// put of v/a whose record corrupt makes differ from the store's, then
+// calls applied (if not nil). It returns the view once the check has
+// found the mismatch and ended the watch, and the relist has published its
+// Relisted batch, which it returns too.
+func repairOf(t *testing.T, corrupt func(*mvccpb.KeyValue), applied func(*viewHarness[[]byte])) (*viewHarness[[]byte], view.Batch[[]byte]) {
+	t.Helper()
 	h := newHarness(t)
 	kv := h.server.KV()
 	putKeys(kv, 2)
@@ -830,16 +830,28 @@ func TestRepairFixesWhatTheCheckFound(t *testing.T) {
 	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
 	holdChecks(kv)
 	ev := kv.PutEvent("v/a", "1")
-	ev.Kv.Version = 7 // the store says 1
+	corrupt(ev.Kv)
 	vh.send(ev)
+	if applied != nil {
+		applied(vh)
+	}
 	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
 	vh.confirm()
-	for {
-		b := nextBatch(t, sub)
-		if b.Kind == view.Relisted {
-			break
-		}
+	var b view.Batch[[]byte]
+	for b.Kind != view.Relisted {
+		b = nextBatch(t, sub)
 	}
+	return vh, b
+}
+
+// TestRepairFixesWhatTheCheckFound: a key whose ModRevision is right
+// but whose Version is not (a server or client fault, which is what the
+// check is for) is found by the integrity check, which asks for a relist;
+// the relist must repair it. The differ kept every entry whose ModRevision
+// did not move, so the wrong entry stayed, and every check after found it
+// again and listed again.
+func TestRepairFixesWhatTheCheckFound(t *testing.T) {
+	vh, _ := repairOf(t, func(kv *mvccpb.KeyValue) { kv.Version = 7 }, nil) // the store says 1
 	e, ok := vh.v.Get("v/a")
 	require.True(t, ok)
 	require.EqualValues(t, 1, e.Version, "the relist kept the entry the check found wrong")
@@ -889,23 +901,10 @@ func TestFallingBehindAfterAnAskedResyncIsCounted(t *testing.T) {
 // integrity check compares leases too, and the relist repairs it, reported
 // as an update of the key.
 func TestRepairFixesALeaseTheCheckFound(t *testing.T) {
-	h := newHarness(t)
-	kv := h.server.KV()
-	putKeys(kv, 2)
-	vh := openView(h, view.DecodeBytes, view.WithIntegrityCheck(5*time.Millisecond))
-	sub := vh.v.Subscribe(context.Background(), vh.v.Revision())
-	holdChecks(kv)
-	ev := kv.PutEvent("v/a", "1")
-	ev.Kv.Lease = 7 // the store says none
-	vh.send(ev)
-	e, _ := vh.v.Get("v/a")
-	require.EqualValues(t, 7, e.Lease)
-	require.Equal(t, vh.id, vh.srv.RecvCancel(t), "the mismatch ends the watch")
-	vh.confirm()
-	var b view.Batch[[]byte]
-	for b.Kind != view.Relisted {
-		b = nextBatch(t, sub)
-	}
+	vh, b := repairOf(t, func(kv *mvccpb.KeyValue) { kv.Lease = 7 }, func(vh *viewHarness[[]byte]) { // the store says none
+		e, _ := vh.v.Get("v/a")
+		require.EqualValues(t, 7, e.Lease)
+	})
 	require.Equal(t, []string{"updated v/a"}, summary(b))
 	require.EqualValues(t, 7, b.Changes[0].Prev.Lease)
 	require.Zero(t, b.Changes[0].Entry.Lease)
