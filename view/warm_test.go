@@ -587,6 +587,11 @@ func TestRestoreRefusals(t *testing.T) {
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/s"))
 			return h, b
 		}},
+		"another range end": {is: view.ErrSavedRange, file: func(t *testing.T, h *harness) (*harness, []byte) {
+			h.server.KV().Put("w/out", "x") // outside the view's range, inside the state's
+			b, _ := savedState(t, h, etcdwatch.FromKey("v/"))
+			return h, b
+		}},
 		"another cluster": {is: view.ErrSavedCluster, file: func(t *testing.T, h *harness) (*harness, []byte) {
 			h.server.KV().SetClusterID(2)
 			b, _ := savedState(t, h, etcdwatch.Prefix("v/"))
@@ -1026,37 +1031,6 @@ func TestStateFileRemovesLeftoversOfCrashedSaves(t *testing.T) {
 		require.FileExists(t, p)
 	}
 	require.FileExists(t, path)
-}
-
-// TestRestoreRefusesAnotherRangeEnd: a saved state of a range with the
-// view's Key but another End (FromKey("v/") for a view of Prefix("v/")) is
-// of another range: refused with ErrSavedRange, and none of its keys, one
-// outside the view's range among them, is in the view.
-func TestRestoreRefusesAnotherRangeEnd(t *testing.T) {
-	h, _ := loggedHarness(t, ws.Start(t))
-	kv := h.server.KV()
-	kv.Put("v/a", "1")
-	kv.Put("w/out", "x")
-	b, _ := savedState(t, h, etcdwatch.FromKey("v/"))
-	path := filepath.Join(t.TempDir(), "state")
-	require.NoError(t, os.WriteFile(path, b, 0o600))
-	kv.Put("v/b", "2")
-
-	var keys []string
-	res := newViewAsync(h, etcdwatch.Prefix("v/"), decoded(&keys), view.WithStateFile(path, 0))
-	vh := &viewHarness[[]byte]{harness: h, kv: kv}
-	vh.confirm()
-	h.settle()
-	r := recv(t, res, "view.New")
-	require.NoError(t, r.err)
-	vh.v = r.v
-	t.Cleanup(func() { r.v.Close() })
-	require.Equal(t, []string{"v/a", "v/b"}, viewKeys(vh.v), "the server's keys")
-	require.Equal(t, []string{"v/a", "v/b"}, keys, "no key of the refused state decoded")
-	rev, err := vh.v.Restored()
-	require.Zero(t, rev)
-	require.ErrorIs(t, err, view.ErrSavedRange)
-	require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
 }
 
 // TestRestoredRelistIsNoStepFromBeforeTheSave: a view restored from a
