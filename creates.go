@@ -234,6 +234,11 @@ func (d *dispatcher) activate(w *Watch, id, headerRev int64) {
 		e.set(fromNow, false)
 		e.set(unanchored, true)
 		e.rev = max(headerRev-1, 0)
+	} else {
+		// Created again, from rev+1 (or rev, see entry.start): its start on
+		// this stream is known, and an event at or below rev is a replay,
+		// though nothing came on the stream before.
+		e.set(unanchored, false)
 	}
 	w.tellCreated(nil)
 }

@@ -34,7 +34,7 @@ const (
 	moving                             // re-created on a new stream after the last one ended, not yet confirmed: counted as moved once it is
 	recreated                          // created again on this stream (a new stream, or compacted just past its revision; or a create sent before, see unconfirmedAgain), not yet confirmed: no progress answer bookmarks it
 	replay                             // re-created from rev itself: the server sends rev's events a second time
-	unanchored                         // created from now, nothing since: the server's start is unknown, so every event is new
+	unanchored                         // confirmed from now on this stream, nothing since: the server's start is unknown, so every event is new
 	nowHere                            // its create on this stream asked from now: see caughtUp
 )
 

@@ -1286,6 +1286,167 @@ func TestWatchFromNowMovesFromItsCreatedHeader(t *testing.T) {
 	require.Nil(t, a.Err())
 }
 
+// revisionsOf lists the ModRevision of every event of r.
+func revisionsOf(r etcdwatch.Response) []int64 {
+	var revs []int64
+	for _, e := range r.Events {
+		revs = append(revs, e.ModRevision)
+	}
+	return revs
+}
+
+// TestWatchFromNowRecreatedDropsReplayBelowItsStart: a watch from now,
+// confirmed at header 10 and re-created on a new stream before its first
+// event, asks from 10. On that stream its start is known: a member that
+// replays history below 10 (etcd #15271, #20221) sends events the watch
+// never asked for, which predate its CreatedRevision and must be dropped
+// as the events of any other re-created watch are. Only 10 and later are
+// delivered.
+func TestWatchFromNowRecreatedDropsReplayBelowItsStart(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	require.Equal(t, int64(10), w.CreatedRevision())
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision, "from its created header")
+	h.srv.Send(t, ws.Created(c.WatchId, 12))
+	h.srv.Send(t, ws.Events(c.WatchId, 12, ws.Put("a", "old", 5), ws.Put("a", "old", 9), ws.Put("a", "v", 10)))
+	r := next(t, w)
+	require.Equal(t, []int64{10}, revisionsOf(r), "events below the start asked for (10) were delivered")
+	require.Equal(t, uint64(2), h.s.Stats().DuplicatesDropped)
+}
+
+// TestWatchFromNowRecreatedOnALaggingMember: as above, where the member
+// answering the re-create is behind the first (its created header, 8, is
+// below the first stream's, 10) and sends an event at 9, below the start
+// asked for.
+func TestWatchFromNowRecreatedOnALaggingMember(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, 8))
+	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("a", "old", 9)))
+	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("a", "v", 11)))
+	r := next(t, w)
+	require.Equal(t, []int64{11}, revisionsOf(r), "an event below the start asked for (10) was delivered")
+}
+
+// TestWatchFromNowRecreatedTwiceKeepsItsStart: cut twice before its
+// first event, the watch asks from its first created header both times, and
+// the second re-create drops a replay below it too.
+func TestWatchFromNowRecreatedTwiceKeepsItsStart(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, 12))
+	h.await(func() bool { return w.ID() == c.WatchId })
+	h.cut()
+	c = h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision, "still from its first created header")
+	h.srv.Send(t, ws.Created(c.WatchId, 12))
+	h.srv.Send(t, ws.Events(c.WatchId, 12, ws.Put("a", "old", 7), ws.Put("a", "v", 12)))
+	require.Equal(t, []int64{12}, revisionsOf(next(t, w)))
+	require.Equal(t, int64(10), w.CreatedRevision(), "the first confirmation's header")
+}
+
+// TestWatchFromNowFirstEventFragmentedThenCut: a watch from now whose
+// first event came fragmented is anchored at that revision once the last
+// piece came: re-created after a cut, it asks from the next revision, and
+// the revision sent again is dropped, not delivered twice.
+func TestWatchFromNowFirstEventFragmentedThenCut(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Prefix("big/").WithFragment(), 10)
+	frag := func(id int64, rev int64, more bool, keys ...string) *pb.WatchResponse {
+		r := ws.Events(id, 15)
+		for _, k := range keys {
+			r.Events = append(r.Events, ws.Put(k, "v", rev))
+		}
+		r.Fragment = more
+		return r
+	}
+	h.srv.Send(t, frag(w.ID(), 11, true, "big/1", "big/2"))
+	h.srv.Send(t, frag(w.ID(), 11, false, "big/3"))
+	r := next(t, w)
+	require.Len(t, r.Events, 3)
+	require.Equal(t, int64(11), r.Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(12), c.StartRevision, "after its first event: that revision + 1")
+	h.srv.Send(t, ws.Created(c.WatchId, 15))
+	h.srv.Send(t, frag(c.WatchId, 11, true, "big/1", "big/2")) // a member that replays
+	h.srv.Send(t, frag(c.WatchId, 11, false, "big/3"))
+	h.srv.Send(t, ws.Events(c.WatchId, 15, ws.Put("big/4", "v", 12)))
+	r = next(t, w)
+	require.Equal(t, []int64{12}, revisionsOf(r), "revision 11 was delivered twice")
+	require.Equal(t, uint64(3), h.s.Stats().DuplicatesDropped)
+}
+
+// TestWatchFromNowCutInsideItsFirstFragmentedEvent: cut after the first
+// piece of its first event, the watch from now is still unanchored and asks
+// from its created header; the revision comes whole on the new stream,
+// once, with none of the old stream's pieces.
+func TestWatchFromNowCutInsideItsFirstFragmentedEvent(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Prefix("big/").WithFragment(), 10)
+	first := ws.Events(w.ID(), 11, ws.Put("big/1", "v", 11), ws.Put("big/2", "v", 11))
+	first.Fragment = true
+	h.srv.Send(t, first)
+	h.handledAll()
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision, "nothing delivered: from its created header")
+	h.srv.Send(t, ws.Created(c.WatchId, 11))
+	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("big/1", "v", 11), ws.Put("big/2", "v", 11), ws.Put("big/3", "v", 11)))
+	r := next(t, w)
+	require.Equal(t, []int64{11, 11, 11}, revisionsOf(r))
+	require.Equal(t, int64(11), r.Revision)
+}
+
+// TestWatchFromNowBookmarkOnlyThenCut: a watch from now whose only
+// response so far was a progress notification is anchored at it: it asks
+// from the bookmark again (the Stream's head), drops that revision's events
+// sent again, and delivers the next.
+func TestWatchFromNowBookmarkOnlyThenCut(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	h.srv.Send(t, ws.Progress(w.ID(), 14))
+	require.Equal(t, int64(14), next(t, w).Revision)
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(14), c.StartRevision, "at the Stream's head: its own revision again")
+	h.srv.Send(t, ws.Created(c.WatchId, 16))
+	h.srv.Send(t, ws.Events(c.WatchId, 16, ws.Put("a", "old", 9), ws.Put("a", "old", 14), ws.Put("a", "v", 15)))
+	require.Equal(t, []int64{15}, revisionsOf(next(t, w)))
+	require.Equal(t, uint64(1), h.s.Stats().DuplicatesDropped, "9 a duplicate; 14 asked for again")
+}
+
+// TestWatchFromNowStreamProgressOnlyThenCut: as above, with a
+// stream-wide progress answer (a bookmark to the watch, whose create asked
+// from now on that stream) as its only response, below the Stream's head:
+// it asks from the bookmark + 1.
+func TestWatchFromNowStreamProgressOnlyThenCut(t *testing.T) {
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	other := h.watch(etcdwatch.Key("b"), 10)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 13))
+	require.Equal(t, int64(13), recvProgress(t, got).rev)
+	require.Equal(t, int64(13), next(t, w).Revision)
+	require.Equal(t, int64(13), next(t, other).Revision)
+	h.srv.Send(t, ws.Events(other.ID(), 20, ws.Put("b", "v", 20))) // head 20
+	require.Equal(t, int64(20), next(t, other).Revision)
+	h.cut()
+	c := confirmCreates(t, h.srv, 2, 20)
+	require.Equal(t, int64(14), c["a"].StartRevision)
+	h.srv.Send(t, ws.Events(c["a"].WatchId, 20, ws.Put("a", "old", 13), ws.Put("a", "v", 14)))
+	require.Equal(t, []int64{14}, revisionsOf(next(t, w)))
+}
+
 // TestTrapCompactedJustPastWithAnOlderHeader: as
 // TestTrapCompactedJustPastItsRevision, where the created response's
 // header is the watch's own revision (the store was written and compacted
