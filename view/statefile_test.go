@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -389,4 +390,152 @@ func sameEntries(a, b []savedEntry) bool {
 		}
 	}
 	return true
+}
+
+// TestStateOfAFromKeyRange: a state of a range from a key on (End
+// "\x00", etcdwatch.FromKey) holds that key itself when it exists, and
+// reads back. Catches: the reader taking the range's start as exclusive,
+// which refuses every such state holding its start key (the view then
+// lists at each restart).
+func TestStateOfAFromKeyRange(t *testing.T) {
+	h := stateHeader{cluster: 1, revision: 9, key: []byte("p/"), end: []byte{0}}
+	es := []savedEntry{
+		{key: "p/", value: []byte("start"), create: 2, mod: 2, version: 1},
+		{key: "p/a", value: []byte("a"), create: 3, mod: 3, version: 1},
+		{key: "z", value: []byte("after"), create: 4, mod: 9, version: 2},
+	}
+	got, ges, err := decodeState(bytes.NewReader(encodeState(t, h, es)))
+	require.NoError(t, err)
+	require.Equal(t, []byte{0}, got.end)
+	requireSameEntries(t, es, ges)
+
+	h.key = []byte("p/a") // p/ is before the range now
+	_, _, err = decodeState(bytes.NewReader(encodeState(t, h, es)))
+	require.ErrorIs(t, err, ErrSavedCorrupt)
+}
+
+// TestStateOfOneKey: a state of one key's range (End empty) holds
+// that key alone; another key, after it, is outside the range, and such a
+// state (only a broken writer writes one) is refused. Catches: the reader
+// taking a one-key range for a range from the key on.
+func TestStateOfOneKey(t *testing.T) {
+	h := stateHeader{cluster: 1, revision: 9, key: []byte("k")}
+	one := []savedEntry{{key: "k", value: []byte("v"), create: 2, mod: 2, version: 1}}
+	_, ges, err := decodeState(bytes.NewReader(encodeState(t, h, one)))
+	require.NoError(t, err)
+	requireSameEntries(t, one, ges)
+
+	two := append(one, savedEntry{key: "k2", value: []byte("w"), create: 3, mod: 3, version: 1})
+	for _, lend := range []bool{false, true} {
+		_, _, err = decodeLent(bytes.NewReader(encodeState(t, h, two)), lend)
+		require.ErrorIs(t, err, ErrSavedCorrupt, "a key after a one-key range's (lent: %v)", lend)
+	}
+}
+
+// TestStateRefusesWhatOnlyABrokenWriterWrites: checksums right,
+// the first two keys out of order, or a key created at revision 0, are
+// refused as TestStateLoaderRefuses's other cases are. Catches: the order
+// checked from the third key on, and the creation revision's lower bound
+// left out.
+func TestStateRefusesWhatOnlyABrokenWriterWrites(t *testing.T) {
+	for name, change := range map[string]func(es []savedEntry){
+		"first two keys out of order": func(es []savedEntry) { es[0], es[1] = es[1], es[0] },
+		"the first two keys the same": func(es []savedEntry) { es[1].key = es[0].key },
+		"created at revision 0":       func(es []savedEntry) { es[1].create = 0 },
+		"created at a negative one":   func(es []savedEntry) { es[2].create = -5 },
+	} {
+		h, es := sampleState()
+		change(es)
+		for _, lend := range []bool{false, true} {
+			_, _, err := decodeLent(bytes.NewReader(encodeState(t, h, es)), lend)
+			require.ErrorIs(t, err, ErrSavedCorrupt, "%s (lent: %v)", name, lend)
+		}
+	}
+}
+
+// TestStateHeaderIsExactlyVersion1s: a state whose checksums are
+// right (resum) but whose magic is another's, or whose header holds a byte
+// more than its fields, is refused: it is not what this release writes.
+// The header's key length written in two bytes where one does is refused
+// too. Catches: the magic not checked (only the header's checksum, which
+// the other format's writer makes right), bytes after the header's range
+// end taken as nothing, and a non-canonical length in the header.
+func TestStateHeaderIsExactlyVersion1s(t *testing.T) {
+	h, es := sampleState()
+	file := encodeState(t, h, es)
+	_, _, err := decodeState(bytes.NewReader(resum(file)))
+	require.NoError(t, err, "resum of a good state changes nothing")
+
+	other := bytes.Clone(file)
+	copy(other, "etcdwatch/VIEW\n")
+	for _, lend := range []bool{false, true} {
+		_, _, err = decodeLent(bytes.NewReader(resum(other)), lend)
+		require.ErrorIs(t, err, ErrSavedCorrupt, "another magic (lent: %v)", lend)
+	}
+
+	const fixed = len(stateMagic) + 8
+	hlen := int(binary.LittleEndian.Uint32(file[len(stateMagic)+4:]))
+	longer := slicesConcat(file[:fixed+hlen], []byte{0}, file[fixed+hlen:])
+	binary.LittleEndian.PutUint32(longer[len(stateMagic)+4:], uint32(hlen+1))
+	for _, lend := range []bool{false, true} {
+		_, _, err = decodeLent(bytes.NewReader(resum(longer)), lend)
+		require.ErrorIs(t, err, ErrSavedCorrupt, "a byte after the header's fields (lent: %v)", lend)
+	}
+
+	// The key's length, 2, in two bytes where one does: the same header,
+	// another form, which re-encoding would not give back.
+	at := fixed + 24
+	require.Equal(t, []byte{2, 'p', '/'}, file[at:at+3])
+	long := slicesConcat(file[:at], []byte{0x82, 0x00}, file[at+1:])
+	binary.LittleEndian.PutUint32(long[len(stateMagic)+4:], uint32(hlen+1))
+	for _, lend := range []bool{false, true} {
+		_, _, err = decodeLent(bytes.NewReader(resum(long)), lend)
+		require.ErrorIs(t, err, ErrSavedCorrupt, "a non-canonical length of the header's key (lent: %v)", lend)
+	}
+}
+
+// TestStateHeaderTooShort: a header of fewer bytes than its fixed
+// fields (24), its checksums right, is refused, not read past its end.
+// Catches: a bound below 24, which panics on such a file in New.
+func TestStateHeaderTooShort(t *testing.T) {
+	for _, n := range []int{0, 8, 16, 20, 23} {
+		b := []byte(stateMagic)
+		b = binary.LittleEndian.AppendUint32(b, stateVersion)
+		b = binary.LittleEndian.AppendUint32(b, uint32(n))
+		b = append(b, make([]byte, n+8)...) // the header, its checksum, the entries' checksum
+		for _, lend := range []bool{false, true} {
+			require.NotPanics(t, func() {
+				_, _, err := decodeLent(bytes.NewReader(resum(b)), lend)
+				require.ErrorIs(t, err, ErrSavedCorrupt, "a header of %d bytes (lent: %v)", n, lend)
+			})
+		}
+	}
+}
+
+// TestLentReadHoldsABufferNotTheState: a saved state read with
+// its entries lent (relistSaved's merge) is read through a buffer of its
+// own size, not held whole: reading a state of 8 MiB allocates about the
+// read-ahead. Catches: the buffer never compacted, which grows it to the
+// whole state (relistSaved is then a second copy of the state in memory).
+func TestLentReadHoldsABufferNotTheState(t *testing.T) {
+	h := stateHeader{cluster: 1, revision: 10, key: []byte("p/"), end: []byte("p0")}
+	es := make([]savedEntry, 8<<10)
+	value := bytes.Repeat([]byte{'v'}, 1<<10)
+	for i := range es {
+		es[i] = savedEntry{key: fmt.Sprintf("p/%06d", i), value: value, create: 1, mod: 2, version: 1}
+	}
+	file := encodeState(t, h, es)
+	require.Greater(t, len(file), 8<<20)
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	sr, hh, err := readHeader(bytes.NewReader(file))
+	require.NoError(t, err)
+	n := 0
+	require.NoError(t, sr.readEntries(hh, true, func(savedEntry) bool { n++; return true }))
+	runtime.ReadMemStats(&after)
+	require.Equal(t, len(es), n)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	require.Less(t, alloc, uint64(2<<20), "reading a state of %d bytes, lent, allocated %d", len(file), alloc)
 }

@@ -54,6 +54,7 @@ func (r *runner[T]) relistSaved(sr *stateReader, h stateHeader) (bool, error) {
 		return true, err
 	}
 	r.install(d.ed, d.raw, rev, d.bytes, r.list.cluster, w)
+	r.stats.decodeErrors.Add(d.refused)
 	if loadErr != nil {
 		r.refuse(loadErr)
 		r.publishFirst()
@@ -79,6 +80,7 @@ type savedDiffer[T any] struct {
 	ed      *tableEditor[T]
 	raw     raws
 	bytes   int64
+	refused uint64      // values the decoder refused, counted once the state is installed
 	changes []Change[T] // dated once the listing's revision is known (relisted)
 	prevs   []savedPrev[T]
 }
@@ -93,7 +95,10 @@ type savedPrev[T any] struct {
 
 // listed adds a listed key, after every key added before.
 func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) Entry[T] {
-	e := d.c.entry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	e := d.c.decodeEntry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	if e.Err != nil {
+		d.refused++
+	}
 	d.ed.Append(&e)
 	d.raw.add(e.Key, kv.Value)
 	d.bytes += int64(e.size)
