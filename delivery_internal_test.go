@@ -76,3 +76,63 @@ func TestQueuedBookmarkIsSuperseded(t *testing.T) {
 	require.Equal(t, []int64{2, 5}, got)
 	o.abort(ErrClosed)
 }
+
+// wide returns a response at revision rev with n events: with n > 32, too
+// many to be joined with another such response in a backlog.
+func wide(rev int64, n int) Response {
+	r := Response{Revision: rev}
+	for range n {
+		r.Events = append(r.Events, Event{KeyValue: KeyValue{Key: []byte("k"), ModRevision: rev}})
+	}
+	return r
+}
+
+// TestDrainedBacklogKeepsASmallBuffer: a backlog that grew large for a
+// burst lets its buffer go once it is through, for a channel's pump and a
+// Handler's goroutine alike: a watch keeps at most keptQueue slots for the
+// next burst. Catches: every watch that once fell behind keeping the
+// largest buffer it ever needed (a thousand watches behind once, a
+// thousand large buffers for good).
+func TestDrainedBacklogKeepsASmallBuffer(t *testing.T) {
+	const n = 64 // responses queued at once
+	limit := bufferLimit{events: 1 << 20, bytes: 1 << 30}
+	t.Run("pump", func(t *testing.T) {
+		var o delivery
+		o.init(1, nil)
+		for rev := int64(2); rev < 2+n; rev++ {
+			o.push(nil, wide(rev, 40), limit)
+		}
+		require.Greater(t, o.more.queue.Cap(), keptQueue)
+		var got []int64
+		for r, ok, _ := o.next(load{}, limit); ok; r, ok, _ = o.next(weigh(r), limit) {
+			got = append(got, r.Revision)
+		}
+		require.Len(t, got, n)
+		require.Zero(t, o.more.queued, "the drained backlog still counts")
+		require.LessOrEqual(t, o.more.queue.Cap(), keptQueue, "a drained backlog kept its large buffer")
+		o.abort(ErrClosed)
+	})
+	t.Run("handler", func(t *testing.T) {
+		var o delivery
+		o.init(1, &Handler{max: 1})
+		o.pumping = true // being served: push queues, and schedules nothing
+		for rev := int64(2); rev < 2+n; rev++ {
+			o.push(nil, wide(rev, 40), limit)
+		}
+		require.Greater(t, o.more.queue.Cap(), keptQueue)
+		var got []int64
+		var took load
+		for {
+			r, step, _ := o.handled(took, limit)
+			if step != stepHandle {
+				require.Equal(t, stepIdle, step)
+				break
+			}
+			got = append(got, r.Revision)
+			took = weigh(r)
+		}
+		require.Len(t, got, n)
+		require.Zero(t, o.more.queued, "the drained backlog still counts")
+		require.LessOrEqual(t, o.more.queue.Cap(), keptQueue, "a drained backlog kept its large buffer")
+	})
+}

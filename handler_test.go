@@ -582,3 +582,304 @@ func TestHandlerBeginsNoCallAfterClose(t *testing.T) {
 	hd.Wait()
 	require.False(t, late.Load(), "the Handler's function was called for a response after Close had returned")
 }
+
+// TestHandlerWithNegativeGoroutinesHasNoLimit: WithGoroutines(n) with
+// n < 0, as with 0, sets no limit. Catches: a negative limit kept as it
+// is, which no count of goroutines is below: no call is ever made.
+func TestHandlerWithNegativeGoroutinesHasNoLimit(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	hd := rec.handler(etcdwatch.WithGoroutines(-1))
+	wts := h.handled(hd, 3)
+	for i, w := range wts {
+		h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put(fmt.Sprint("k", i), "v", 2)))
+	}
+	rec.await(t, func() bool { return rec.running == len(wts) }, "a call for each watch at once")
+	close(rec.gate)
+	rec.await(t, func() bool { return len(rec.revs) == len(wts) && rec.running == 0 }, "every watch served")
+	for _, w := range wts {
+		require.Equal(t, []int64{2}, rec.revs[w])
+	}
+	rec.check(t)
+}
+
+// TestHandlerResumesAPausedWatchWhereverItCatchesUp: a Handler's
+// goroutine hands a watch 16 responses (a turn), accounting for each as
+// it takes the next, and for the turn's last as it lets the watch go for
+// the others' turn. A paused watch whose backlog falls to half its limit
+// is resumed, whichever account takes it there. Catches: an account that
+// finds the watch caught up not asking for the resume: the watch, no
+// longer behind, was never resumed, and received nothing more.
+func TestHandlerResumesAPausedWatchWhereverItCatchesUp(t *testing.T) {
+	const (
+		turn = 16 // handlerTurn
+		per  = 40 // events a response: responses are not joined
+	)
+	for _, c := range []struct {
+		name      string
+		responses int // at the limit: half of them taken is half the limit
+	}{
+		{"within a turn", turn / 2},
+		{"at the end of a turn", 2 * turn},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, etcdwatch.WithBufferLimit(c.responses*per), etcdwatch.WithStallBudget(0))
+			rec := newRecorder()
+			rec.gate = make(chan struct{})
+			release := sync.OnceFunc(func() { close(rec.gate) })
+			hd := rec.handler(etcdwatch.WithGoroutines(1))
+			w := h.handled(hd, 1)[0]
+			t.Cleanup(release) // before handled's Wait, should the test fail
+			id := w.ID()
+			last := int64(1 + c.responses)
+			for rev := int64(2); rev <= last; rev++ {
+				h.srv.Send(t, wideEvents(id, rev, per))
+			}
+			require.Equal(t, id, h.srv.RecvCancel(t), "not paused at its limit")
+			h.srv.Send(t, ws.Canceled(id))
+			h.handledAll()
+			require.Zero(t, h.s.Stats().Resumes)
+			release() // the first call, held until now, returns; the rest follow
+
+			cr := h.srv.RecvCreate(t)
+			require.Equal(t, "k0", string(cr.Key))
+			require.Equal(t, last, cr.StartRevision, "resumed from the revision it had reached")
+			h.srv.Send(t, ws.Created(cr.WatchId, last))
+			h.srv.Send(t, ws.Events(cr.WatchId, last+1, ws.Put("k0", "v", last+1)))
+			rec.await(t, func() bool { return len(rec.revs[w]) == c.responses*per+1 }, "everything handed over after the resume")
+			want := []int64{}
+			for rev := int64(2); rev <= last; rev++ {
+				for range per {
+					want = append(want, rev)
+				}
+			}
+			require.Equal(t, append(want, last+1), rec.revs[w])
+			require.Equal(t, uint64(1), h.s.Stats().Resumes)
+			rec.check(t)
+		})
+	}
+}
+
+// TestHandlerGoroutineTakesTurns: a Handler goroutine serving a watch with
+// a long backlog lets a watch queued behind it have a turn before the
+// backlog is through. Catches: one watch's backlog holding the Handler's
+// only goroutine, and every other watch of the Handler, until it is
+// through.
+func TestHandlerGoroutineTakesTurns(t *testing.T) {
+	const responses, per = 64, 40 // more than a turn (16); not joined
+	h := newHarness(t, etcdwatch.WithBufferLimit(2*responses*per))
+	rec := newRecorder()
+	gate := make(chan struct{})
+	firstCalls := make(chan int, 1) // the long watch's calls when the other watch's first call came
+	longCalled := make(chan struct{})
+	var long *etcdwatch.Watch
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		if i == 0 && r.Revision == 2 {
+			close(longCalled)
+			<-gate
+		}
+		if i == 1 {
+			rec.mu.Lock()
+			n := rec.calls[long]
+			rec.mu.Unlock()
+			select {
+			case firstCalls <- n:
+			default:
+			}
+		}
+		rec.handle(w, i, r)
+	}, etcdwatch.WithGoroutines(1), etcdwatch.WithEnded(rec.ended))
+	wts := h.handled(hd, 2)
+	long = wts[0]
+	for rev := int64(2); rev < 2+responses; rev++ {
+		h.srv.Send(t, wideEvents(long.ID(), rev, per))
+	}
+	recv(t, longCalled, "the long watch's first call")
+	h.srv.Send(t, ws.Events(wts[1].ID(), 2, ws.Put("k1", "v", 2)))
+	h.handledAll()
+	q, r := hd.Load()
+	require.Equal(t, [2]int{1, 1}, [2]int{q, r}, "the other watch queued behind the long one")
+	close(gate)
+	n := recv(t, firstCalls, "the other watch's call")
+	require.Less(t, n, responses, "the other watch waited for the whole backlog")
+	rec.await(t, func() bool { return rec.calls[long] == responses && rec.calls[wts[1]] == 1 }, "every response handled")
+	require.Zero(t, h.s.Stats().Pauses)
+	rec.check(t)
+}
+
+// TestHandlerCancelDuringACallEndsItAfterTheCall: a Handler's watch
+// canceled (from another goroutine) while a call for it runs, nothing
+// else due, has its last call still running: Done closes and Err is set
+// once that call returns, not before, and Ended follows. Catches: the
+// running call not counted, Done closed and Err set while the call
+// still runs (an application freeing, at Done, what the call uses).
+func TestHandlerCancelDuringACallEndsItAfterTheCall(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	release := sync.OnceFunc(func() { close(rec.gate) })
+	hd := rec.handler()
+	w := h.handled(hd, 1)[0]
+	t.Cleanup(release) // before handled's Wait, should the test fail
+	h.srv.Send(t, ws.Events(w.ID(), 2, ws.Put("k0", "v", 2)))
+	rec.await(t, func() bool { return rec.running == 1 }, "the call")
+	w.Cancel()
+	select {
+	case <-w.Done():
+		t.Fatal("Done closed while the watch's call still runs")
+	default:
+	}
+	require.NoError(t, w.Err(), "Err set while the watch's call still runs")
+	release()
+	rec.await(t, func() bool { _, ok := rec.ends[w]; return ok }, "Ended")
+	require.ErrorIs(t, rec.ends[w], etcdwatch.ErrCanceled)
+	require.ErrorIs(t, w.Err(), etcdwatch.ErrCanceled)
+	require.Equal(t, 1, rec.calls[w])
+	rec.check(t)
+}
+
+// TestHandlerWatchEndedByTheServerIsDoneAfterItsBacklog: a Handler's watch
+// the server ends (here with a compaction) while responses wait for it,
+// queued behind another watch's call, is done only once they are handed
+// over: no call finds Done closed or Err set. Catches: the waiting
+// responses not counted, Done closed and Err set at once, calls made
+// after.
+func TestHandlerWatchEndedByTheServerIsDoneAfterItsBacklog(t *testing.T) {
+	h := newHarness(t)
+	rec := newRecorder()
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	var lateCalls atomic.Int64 // calls that found their watch Done
+	busyCalled := make(chan struct{})
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		if i == 0 { // once: the busy watch has one response
+			close(busyCalled)
+			<-gate
+		}
+		select {
+		case <-w.Done():
+			lateCalls.Add(1)
+		default:
+		}
+		rec.handle(w, i, r)
+	}, etcdwatch.WithGoroutines(1), etcdwatch.WithEnded(rec.ended))
+	wts := h.handled(hd, 2)
+	t.Cleanup(release) // before handled's Wait, should the test fail
+	busy, ending := wts[0], wts[1]
+	h.srv.Send(t, ws.Events(busy.ID(), 2, ws.Put("k0", "v", 2)))
+	recv(t, busyCalled, "the busy watch's call")
+	h.srv.Send(t, ws.Events(ending.ID(), 3, ws.Put("k1", "v", 3)))
+	h.srv.Send(t, ws.Events(ending.ID(), 4, ws.Put("k1", "v", 4)))
+	h.srv.Send(t, ws.Compacted(ending.ID(), 4))
+	h.handledAll()
+	q, _ := hd.Load()
+	require.Equal(t, 1, q, "the ending watch queued")
+	select {
+	case <-ending.Done():
+		t.Fatal("Done closed with responses still to hand over")
+	default:
+	}
+	require.NoError(t, ending.Err(), "Err set with responses still to hand over")
+	release()
+	rec.await(t, func() bool { _, ok := rec.ends[ending]; return ok }, "Ended")
+	require.Equal(t, []int64{3, 4}, rec.revs[ending])
+	require.Zero(t, lateCalls.Load(), "a call found its watch Done")
+	var compacted *etcdwatch.CompactedError
+	require.ErrorAs(t, rec.ends[ending], &compacted)
+	rec.check(t)
+}
+
+// TestHandlerCancelOfAWatchQueuedAfterItsTurnEndsItAtOnce: a watch that
+// had its turn (16 responses) and was queued again behind another watch,
+// whose call now holds the Handler's only goroutine, has no call running:
+// once Cancel returns, Done is closed and Err set, as for any queued watch
+// (TestHandlerCancelOfAQueuedWatchEndsItAtOnce); the goroutine that
+// comes back to it then only tells Ended. Catches: the end of a turn
+// leaving the watch counted as in a call, Done then waiting for the
+// goroutine to come back to it (for good if the other call never
+// returns); and that goroutine closing Done a second time (a panic).
+func TestHandlerCancelOfAWatchQueuedAfterItsTurnEndsItAtOnce(t *testing.T) {
+	const turn = 16 // handlerTurn
+	h := newHarness(t)
+	rec := newRecorder()
+	longGate, otherGate := make(chan struct{}), make(chan struct{})
+	releaseLong, releaseOther := sync.OnceFunc(func() { close(longGate) }), sync.OnceFunc(func() { close(otherGate) })
+	longCalled, otherCalled := make(chan struct{}), make(chan struct{})
+	hd := etcdwatch.NewHandler(func(w *etcdwatch.Watch, i int, r etcdwatch.Response) {
+		switch {
+		case i == 0 && r.Revision == 2:
+			close(longCalled)
+			<-longGate
+		case i == 1:
+			close(otherCalled) // once: the other watch has one response
+			<-otherGate
+		}
+		rec.handle(w, i, r)
+	}, etcdwatch.WithGoroutines(1), etcdwatch.WithEnded(rec.ended))
+	wts := h.handled(hd, 2)
+	t.Cleanup(func() { releaseLong(); releaseOther() }) // before handled's Wait, should the test fail
+	long, other := wts[0], wts[1]
+	for rev := int64(2); rev < 2+turn+2; rev++ { // more than a turn
+		h.srv.Send(t, wideEvents(long.ID(), rev, 40))
+	}
+	recv(t, longCalled, "the long watch's first call")
+	h.srv.Send(t, ws.Events(other.ID(), 2, ws.Put("k1", "v", 2)))
+	h.handledAll()
+	q, r := hd.Load()
+	require.Equal(t, [2]int{1, 1}, [2]int{q, r}, "the other watch queued behind the long one")
+	releaseLong()
+	// The goroutine calls for the other watch once the long one has had
+	// its turn and is queued again.
+	recv(t, otherCalled, "the other watch's call")
+	rec.await(t, func() bool { return rec.calls[long] == turn && rec.running == 0 }, "the long watch's turn")
+	q, _ = hd.Load()
+	require.Equal(t, 1, q, "the long watch queued again, behind the other's call")
+	done := long.Done() // taken before the end, as a waiter would
+	long.Cancel()
+	require.ErrorIs(t, long.Err(), etcdwatch.ErrCanceled, "Err once Cancel returned")
+	select {
+	case <-done:
+	default:
+		t.Fatal("Done not closed once Cancel returned")
+	}
+	releaseOther()
+	rec.await(t, func() bool { _, ok := rec.ends[long]; return ok }, "Ended")
+	require.Equal(t, turn, rec.calls[long], "a call after Cancel")
+	rec.check(t)
+}
+
+// TestHandlerWaitCoversAWatchQueuedAgainAfterItsTurn: a watch with more
+// than a turn (16 responses) to hand over is queued again at the end of
+// its turn, without the Handler ever having nothing to do: a Wait under
+// way returns only once its whole backlog is handed over. Catches: the
+// watch queued again by another goroutine, after the one that served it
+// found the queue empty and told Wait the Handler was idle.
+func TestHandlerWaitCoversAWatchQueuedAgainAfterItsTurn(t *testing.T) {
+	const responses = 40 // more than two turns; not joined
+	h := newHarness(t, etcdwatch.WithBufferLimit(2*responses*40))
+	rec := newRecorder()
+	rec.gate = make(chan struct{})
+	release := sync.OnceFunc(func() { close(rec.gate) })
+	hd := rec.handler(etcdwatch.WithGoroutines(1))
+	w := h.handled(hd, 1)[0]
+	t.Cleanup(release) // before handled's Wait, should the test fail
+	for rev := int64(2); rev < 2+responses; rev++ {
+		h.srv.Send(t, wideEvents(w.ID(), rev, 40))
+	}
+	h.handledAll()
+	waited := make(chan struct{})
+	go func() { // returns once the Handler is idle
+		hd.Wait()
+		close(waited)
+	}()
+	release()
+	recv(t, waited, "Wait")
+	rec.mu.Lock()
+	calls := rec.calls[w]
+	rec.mu.Unlock()
+	require.Equal(t, responses, calls, "Wait returned with responses still to hand over")
+	queued, running := hd.Load()
+	require.Zero(t, queued+running, "Wait returned with work left")
+	rec.check(t)
+}

@@ -774,3 +774,198 @@ func TestPausedWatchResumesAtExactlyHalfItsLimit(t *testing.T) {
 	c := h.srv.RecvCreate(t)
 	require.Equal(t, int64(1+limit/per), c.StartRevision)
 }
+
+// eventOverhead is what an event costs beyond its keys and values against
+// WithBufferBytes (backpressure.go's eventOverhead).
+const eventOverhead = 96
+
+// wideEvents returns a response for watch id at revision rev carrying n
+// events of key "a", value "v": too many, at n > 32, to be joined with
+// another such response in a backlog (JoinLimit is 64).
+func wideEvents(id, rev int64, n int) *pb.WatchResponse {
+	resp := ws.Events(id, rev)
+	for range n {
+		resp.Events = append(resp.Events, ws.Put("a", "v", rev))
+	}
+	return resp
+}
+
+// TestByteLimitCountsPreviousValuesAndIsReachedAtItsSize: a watch whose
+// consumer stops reading is paused once what it holds reaches
+// WithBufferBytes exactly, previous keys and values counted. Catches: the
+// previous key and value left out of the weight (a WithPrevKV watch then
+// holds far more than its limit), and a byte limit reached only once
+// exceeded.
+func TestByteLimitCountsPreviousValuesAndIsReachedAtItsSize(t *testing.T) {
+	prev := strings.Repeat("p", 100)
+	weight := eventOverhead + len("a") + len("v") + len("a") + len(prev) // one event, its previous one included
+	h := newHarness(t, etcdwatch.WithBufferBytes(2*weight), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a").WithPrevKV(), 1)
+	id := w.ID()
+	event := func(rev int64) *pb.WatchResponse {
+		e := ws.Put("a", "v", rev)
+		e.PrevKv = &mvccpb.KeyValue{Key: []byte("a"), Value: []byte(prev), ModRevision: rev - 1}
+		return ws.Events(id, rev, e)
+	}
+	h.srv.Send(t, event(2))
+	h.handledAll()
+	require.Zero(t, h.s.Stats().Pauses, "paused one event short of the byte limit")
+	h.srv.Send(t, event(3)) // exactly at the limit
+	h.handledAll()
+	require.Equal(t, uint64(1), h.s.Stats().Pauses, "not paused with the byte limit reached, previous values counted")
+	require.Equal(t, id, h.srv.RecvCancel(t))
+	h.srv.Send(t, ws.Canceled(id))
+
+	var revs []int64
+	for len(revs) < 2 {
+		for _, e := range next(t, w).Events {
+			require.NotNil(t, e.PrevKV)
+			require.Equal(t, prev, string(e.PrevKV.Value))
+			revs = append(revs, e.ModRevision)
+		}
+	}
+	require.Equal(t, []int64{2, 3}, revs)
+	require.Equal(t, "a", string(h.srv.RecvCreate(t).Key), "not resumed once caught up")
+}
+
+// TestPausedWatchResumesAtHalfItsByteLimit: a watch paused at its byte
+// limit, far below its event limit, resumes only once its consumer has
+// taken half the bytes. Catches: a resume decided on the event count
+// alone, which re-creates the watch at once, to be paused again at the
+// next response.
+func TestPausedWatchResumesAtHalfItsByteLimit(t *testing.T) {
+	const per = 40 // events a response: responses are not joined
+	size := per * (eventOverhead + len("a") + len("v"))
+	h := newHarness(t, etcdwatch.WithBufferBytes(3*size), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev <= 4; rev++ { // 3 responses: at the byte limit; 120 events, far below 1024
+		h.srv.Send(t, wideEvents(w.ID(), rev, per))
+	}
+	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t)))
+	require.Equal(t, uint64(1), h.s.Stats().Pauses)
+
+	require.Len(t, next(t, w).Events, per) // 2 responses' bytes left: above half
+	// Once the pump has accounted for it, any resume it asked for has
+	// reached the dispatcher, which has handled it after Settle.
+	h.await(func() bool { return h.obs.Count(etcdwatch.HookTook) == 1 })
+	etcdwatch.Settle(t, h.s, wait)
+	require.Zero(t, h.s.Stats().Resumes, "resumed above half the byte limit")
+
+	require.Len(t, next(t, w).Events, per) // 1 response's bytes left: below half
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "a", string(c.Key))
+	require.Equal(t, uint64(1), h.s.Stats().Resumes)
+}
+
+// TestStallWithAProgressRequestWaitingIsShared: a watch that reaches its
+// limit while a RequestProgress waits for its answer holds that answer
+// up, so its stall is a shared one, cut short whatever the budget: the
+// watch is paused and the answer read. Catches: the waiting request not
+// counted, the stall taken for one that holds up nobody, and
+// RequestProgress held for as long as the budget (an hour here).
+func TestStallWithAProgressRequestWaitingIsShared(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	w := h.watch(etcdwatch.Key("k"), 1)
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	for rev := int64(2); rev < 2+limit; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("k", fmt.Sprint(rev), rev)))
+	}
+	h.srv.Send(t, ws.Progress(-1, 1+limit))
+	require.Equal(t, w.ID(), h.srv.RecvCancel(t), "the lagging watch was not paused")
+	require.NoError(t, recvProgress(t, got).err)
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Stalls)
+	require.Equal(t, uint64(1), st.Pauses)
+	require.Equal(t, revisions(2, 1+limit), readEvents(t, w, limit))
+}
+
+// TestStallWithACreateInFlightIsShared: a watch that reaches its limit
+// while another watch's create awaits its answer holds that answer up, so
+// its stall is a shared one, cut short whatever the budget: the watch is
+// paused and the create's answer read. Catches: the create in flight not
+// counted, the stall taken for one that holds up nobody, and the Watch
+// call held for as long as the budget (an hour here). (A create sent
+// during the stall cuts it short too: TestCreateCutsAStallShort.)
+func TestStallWithACreateInFlightIsShared(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour))
+	lag := h.watch(etcdwatch.Key("lag"), 1)
+	res := h.watchAsync(context.Background(), etcdwatch.Key("other"))
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, "other", string(c.Key))
+	for rev := int64(2); rev < 2+limit; rev++ {
+		h.srv.Send(t, ws.Events(lag.ID(), rev, ws.Put("lag", fmt.Sprint(rev), rev)))
+	}
+	h.srv.Send(t, ws.Created(c.WatchId, 1+limit))
+	require.Equal(t, lag.ID(), h.srv.RecvCancel(t), "the lagging watch was not paused")
+	require.NoError(t, recvResult(t, res).err, "a create in flight waited behind the stall")
+	st := h.s.Stats()
+	require.Equal(t, uint64(1), st.Stalls)
+	require.Equal(t, uint64(1), st.Pauses)
+	require.Equal(t, revisions(2, 1+limit), readEvents(t, lag, limit))
+}
+
+// TestStallOutlastsThePauseOfAnotherWatch: one bookmark brings two watches
+// to their limits: the stream waits for one (a stall) and pauses the
+// other. Pausing the other must leave the stall be: the watch waited for
+// is still waited for, and paused once its stall is spent. Catches: a
+// pause ending whatever stall was under way, which left the watch waited
+// for behind its limit, neither waited for nor paused, to take events
+// without bound.
+func TestStallOutlastsThePauseOfAnotherWatch(t *testing.T) {
+	const limit = 2
+	clk := clock.NewFake()
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(time.Hour), etcdwatch.WithClock(clk))
+	a := h.watch(etcdwatch.Key("a"), 1)
+	b := h.watch(etcdwatch.Key("b"), 1)
+	h.srv.Send(t, ws.Events(a.ID(), 2, ws.Put("a", "2", 2)))
+	h.srv.Send(t, ws.Events(b.ID(), 3, ws.Put("b", "3", 3)))
+	h.handledAll()
+	got := h.progressAsync()
+	require.NotNil(t, h.srv.Recv(t).GetProgressRequest())
+	h.srv.Send(t, ws.Progress(-1, 3)) // a bookmark each: both at their limit
+	require.NoError(t, recvProgress(t, got).err)
+	paused := h.srv.RecvCancel(t)
+	waited := a.ID()
+	if paused == a.ID() {
+		waited = b.ID()
+	}
+	require.Contains(t, []int64{a.ID(), b.ID()}, paused)
+	require.Equal(t, uint64(1), h.s.Stats().Stalls)
+	// The stall holds up a neighbour: it lasts sharedStall (2ms), and its
+	// watch is paused then.
+	awaitArmed(t, clk, 2*time.Millisecond)
+	clk.Advance(2 * time.Millisecond)
+	require.Equal(t, waited, h.srv.RecvCancel(t), "the watch waited for was not paused once its stall was spent")
+	require.Equal(t, uint64(2), h.s.Stats().Pauses)
+}
+
+// TestWatchPausedAgainAfterAResume: a watch paused at its limit and
+// resumed once its consumer caught up is held to its limit again: a
+// consumer that stops again gets it paused again. Catches: the resume
+// leaving the backlog counted as behind, so that it never reports
+// reaching the limit again, and grows without bound.
+func TestWatchPausedAgainAfterAResume(t *testing.T) {
+	const limit = 4
+	h := newHarness(t, etcdwatch.WithBufferLimit(limit), etcdwatch.WithStallBudget(0))
+	w := h.watch(etcdwatch.Key("a"), 1)
+	for rev := int64(2); rev < 2+limit; rev++ {
+		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("a", "v", rev)))
+	}
+	h.srv.Send(t, ws.Canceled(h.srv.RecvCancel(t)))
+	require.Equal(t, revisions(2, 1+limit), readEvents(t, w, limit))
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(1+limit), c.StartRevision)
+	h.srv.Send(t, ws.Created(c.WatchId, 1+limit))
+	for rev := int64(2 + limit); rev < 2+2*limit; rev++ { // the consumer stops again
+		h.srv.Send(t, ws.Events(c.WatchId, rev, ws.Put("a", "v", rev)))
+	}
+	require.Equal(t, c.WatchId, h.srv.RecvCancel(t), "not paused again at its limit")
+	h.srv.Send(t, ws.Canceled(c.WatchId))
+	st := h.s.Stats()
+	require.Equal(t, uint64(2), st.Pauses)
+	require.Equal(t, uint64(1), st.Resumes)
+	require.Equal(t, revisions(2+limit, 1+2*limit), readEvents(t, w, limit))
+}
