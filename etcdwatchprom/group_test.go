@@ -135,3 +135,24 @@ etcdwatch_member_info{member=%q,stream="g/0"} 1
 etcdwatch_member_info{member=%q,stream="g/1"} 1
 `, member.Endpoint, member.Endpoint)), "etcdwatch_events_total", "etcdwatch_watches", "etcdwatch_member_info"))
 }
+
+// changingGroup is a GroupSource whose Streams change after NewGroup.
+type changingGroup struct{ now []group.StreamInfo }
+
+func (g *changingGroup) Streams() []group.StreamInfo { return g.now }
+
+// TestGroupIgnoresStreamsUnknownAtNewGroup: NewGroup reads the names once;
+// a Stream of another name at a later scrape is left out, not a panic.
+// Catches a Collect that looks up every name it is given.
+func TestGroupIgnoresStreamsUnknownAtNewGroup(t *testing.T) {
+	g := &changingGroup{now: []group.StreamInfo{{Name: "0", Stats: etcdwatch.Stats{Events: 1}}}}
+	c := etcdwatchprom.NewGroup("w", g)
+	g.now = append(g.now, group.StreamInfo{Name: "1", Member: "10.0.0.2:2379", Stats: etcdwatch.Stats{Events: 9}})
+	require.NotPanics(t, func() {
+		require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP etcdwatch_events_total Events queued for consumers.
+# TYPE etcdwatch_events_total counter
+etcdwatch_events_total{stream="w/0"} 1
+`), "etcdwatch_events_total", "etcdwatch_member_info"))
+	})
+}

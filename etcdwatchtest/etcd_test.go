@@ -320,3 +320,14 @@ func TestStartClusterInRetriesPortsInUseOnly(t *testing.T) {
 		require.Equal(t, 3, tries)
 	})
 }
+
+// TestRestartWaitsUntilItServes: Restart returns once the member
+// serves, as its doc says: a member alone leads by then. Catches a Restart
+// that returns as soon as etcd has started, before it has a leader.
+func TestRestartWaitsUntilItServes(t *testing.T) {
+	srv := etcdwatchtest.StartEtcd(t)
+	srv.Stop()
+	require.NoError(t, srv.Restart())
+	require.True(t, srv.HasLeader(), "Restart returned before the member served")
+	require.True(t, srv.IsLeader())
+}

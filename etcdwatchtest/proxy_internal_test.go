@@ -258,3 +258,131 @@ func TestBlackholeHidesTheTargetsEnd(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the client learned that the target closed")
 	require.Equal(t, 1, p.Cut(), "the link is open until cut")
 }
+
+// TestCloseCancelsADial: Close cancels a dial of the target under way
+// rather than letting it run to its own timeout. Catches a Close that does
+// not cancel the proxy's context (or a dial not derived from it).
+func TestCloseCancelsADial(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	dialing := make(chan struct{})
+	dialErr := make(chan error, 1)
+	p.mu.Lock()
+	p.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		close(dialing)
+		<-ctx.Done() // a target that never answers
+		dialErr <- ctx.Err()
+		return nil, ctx.Err()
+	}
+	p.mu.Unlock()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	await(t, dialing, "dial of the target")
+	p.Close()
+	require.ErrorIs(t, <-dialErr, context.Canceled, "Close waited out the dial's timeout")
+}
+
+// TestChangedDelayStillHolds: a chunk held by a delay that SetDelay
+// changes to another long delay stays held. Catches a change of delay
+// taken for its end, which released the chunk at once. (As in
+// TestProxySetDelay, no duration is measured in the passing direction.)
+func TestChangedDelayStillHolds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	p, err := ListenProxy(ln.Addr().String())
+	require.NoError(t, err)
+	defer p.Close()
+	delaying := make(chan struct{})
+	p.mu.Lock()
+	p.onDelay = sync.OnceFunc(func() { close(delaying) })
+	p.mu.Unlock()
+	p.SetDelay(time.Hour)
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	srv, err := ln.Accept()
+	require.NoError(t, err)
+	defer srv.Close()
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	await(t, delaying, "delay")
+	p.SetDelay(2 * time.Hour)
+	// One crossing only, client to target: what the target reads.
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
+	_, err = srv.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "a chunk came through under a changed, long delay")
+	p.SetDelay(0)
+	require.NoError(t, srv.SetReadDeadline(time.Now().Add(wait)))
+	_, err = io.ReadFull(srv, make([]byte, 1))
+	require.NoError(t, err)
+}
+
+// TestFinishedLinkIsForgotten: a connection whose two directions both
+// ended cleanly (half-close, reply, close) is closed and forgotten: a Cut
+// after it finds nothing open. Catches a link never dropped once both
+// directions ended, which kept its sockets and counted in Cut.
+func TestFinishedLinkIsForgotten(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	p, err := ListenProxy(ln.Addr().String())
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	srv, err := ln.Accept()
+	require.NoError(t, err)
+	_, err = c.Write([]byte("req"))
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	require.NoError(t, srv.SetDeadline(time.Now().Add(wait)))
+	req, err := io.ReadAll(srv)
+	require.NoError(t, err)
+	_, err = srv.Write(append([]byte("re:"), req...))
+	require.NoError(t, err)
+	require.NoError(t, srv.Close())
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
+	got, err := io.ReadAll(c) // its end comes once the proxy dropped the link
+	require.NoError(t, err)
+	require.Equal(t, "re:req", string(got))
+	require.Equal(t, 0, p.Cut(), "a finished connection is still open in the proxy")
+}
+
+// TestCutDuringDialIsNotForwarded: a connection cut while its target
+// is dialed is not forwarded once the dial succeeds, even with the proxy
+// still running. Catches the link's closed state ignored after the dial
+// (TestCutReachesAConnectionBeingDialed lets Close fail the dial first).
+func TestCutDuringDialIsNotForwarded(t *testing.T) {
+	p, err := ListenProxy(sink(t))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	dialing, released, dialed := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release)
+	p.mu.Lock()
+	p.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		close(dialing)
+		<-released
+		s, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		dialed <- err
+		return s, err
+	}
+	p.mu.Unlock()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	await(t, dialing, "dial of the target")
+	require.Equal(t, 1, p.Cut())
+	release()
+	select {
+	case err := <-dialed:
+		require.NoError(t, err, "the dial itself must succeed for this test")
+	case <-time.After(wait):
+		t.Fatal("no dial")
+	}
+	p.Close() // waits for serve, which has the dialed connection
+	require.Zero(t, p.Accepted(), "a cut connection was forwarded")
+}
