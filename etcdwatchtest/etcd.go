@@ -231,8 +231,10 @@ func (s *Server) Stop() {
 // Restart starts a stopped member again on its data and ports, and waits
 // until it serves: in a cluster, until it has rejoined a quorum, which
 // needs a majority of the members running, so restart the members of a
-// cluster stopped whole concurrently, not one after another. It fails if
-// the member is running, or if one of its ports has been taken meanwhile.
+// cluster stopped whole concurrently, not one after another. An isolated
+// member cannot serve until Rejoin: Restart returns once it has started,
+// cut off again. It fails if the member is running, or if one of its
+// ports has been taken meanwhile.
 func (s *Server) Restart() error {
 	s.life.Lock()
 	defer s.life.Unlock()
@@ -251,6 +253,9 @@ func (s *Server) Restart() error {
 		if p != s && (self || p.isIsolated()) {
 			e.Server.CutPeer(p.id)
 		}
+	}
+	if self {
+		return nil // it would wait its minute for a quorum it cannot reach
 	}
 	return waitReady(s.Name, e)
 }

@@ -200,6 +200,21 @@ func TestIsolateOutlastsAPeersRestart(t *testing.T) {
 		"the isolated member has a leader: the restarted peer is not cut off from it")
 }
 
+// TestRestartOfAnIsolatedMember: an isolated member stopped and restarted
+// is running and still cut off, as Isolate's doc has it, and serves once
+// it rejoins. Catches a Restart that waited for it to serve, which it
+// cannot while isolated: it returned "not ready after a minute".
+func TestRestartOfAnIsolatedMember(t *testing.T) {
+	members := etcdwatchtest.StartCluster(t, 3)
+	_, isolated, _ := roles(t, members)
+	isolated.Isolate()
+	isolated.Stop()
+	require.NoError(t, isolated.Restart())
+	require.Never(t, isolated.HasLeader, 2*time.Second, 10*time.Millisecond, "the restarted member is not cut off")
+	isolated.Rejoin()
+	require.Eventually(t, isolated.HasLeader, wait, 10*time.Millisecond, "the member has no leader once it rejoined")
+}
+
 // TestRejoinLeavesAnotherMemberIsolated: with two members isolated, Rejoin
 // of one leaves the other cut off, from it too. Catches Rejoin mending
 // every link of the member, that to the member still isolated included,
