@@ -225,6 +225,14 @@ func (s *Server) Stop() {
 	if e == nil {
 		return
 	}
+	select {
+	case <-e.Server.ReadyNotify():
+	default:
+		// It never served (isolated since it restarted): embed's Close
+		// would wait for its serving to begin, which waits for its
+		// server to stop. Stop that first.
+		e.Server.Stop()
+	}
 	e.Close() // returns once the server has stopped
 }
 

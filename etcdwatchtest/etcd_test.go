@@ -215,6 +215,29 @@ func TestRestartOfAnIsolatedMember(t *testing.T) {
 	require.Eventually(t, isolated.HasLeader, wait, 10*time.Millisecond, "the member has no leader once it rejoined")
 }
 
+// TestStopOfAMemberThatNeverServed: an isolated member restarted, and
+// stopped before it rejoined (so before it ever served), stops. Catches
+// embed's Close waiting for ever on a server that never served: a test
+// that ends with such a member hung in its cleanup.
+func TestStopOfAMemberThatNeverServed(t *testing.T) {
+	members := etcdwatchtest.StartCluster(t, 3)
+	_, isolated, _ := roles(t, members)
+	isolated.Isolate()
+	isolated.Stop()
+	require.NoError(t, isolated.Restart())
+	stopped := make(chan struct{})
+	go func() { // returns once Stop does; waited for below, or the test fails
+		defer close(stopped)
+		isolated.Stop()
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(wait):
+		t.Fatal("Stop of a member that never served did not return")
+	}
+	require.False(t, isolated.HasLeader())
+}
+
 // TestRejoinLeavesAnotherMemberIsolated: with two members isolated, Rejoin
 // of one leaves the other cut off, from it too. Catches Rejoin mending
 // every link of the member, that to the member still isolated included,
