@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
 	"github.com/etcdwatch/etcdwatch"
 )
 
@@ -191,6 +193,17 @@ func (c *core[T]) entry(key string, k, v []byte, create, mod, version, lease int
 	e := c.decodeEntry(key, k, v, create, mod, version, lease)
 	if e.Err != nil {
 		c.stats.decodeErrors.Add(1)
+	}
+	return e
+}
+
+// listed is the Entry of a listed key, decoded as decodeEntry does; a
+// value the decoder refused is added to refused, which the listing counts
+// once its state is installed.
+func (c *core[T]) listed(key string, kv *mvccpb.KeyValue, refused *uint64) Entry[T] {
+	e := c.decodeEntry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+	if e.Err != nil {
+		*refused++
 	}
 	return e
 }

@@ -36,7 +36,7 @@ func (d *differ[T]) stop() { d.walk.stop() }
 
 // listedOnly adds a key the base does not have.
 func (d *differ[T]) listedOnly(kv *mvccpb.KeyValue) {
-	e := d.entry(string(kv.Key), kv)
+	e := d.c.listed(string(kv.Key), kv, &d.refused)
 	if d.build {
 		d.ed.Append(&e)
 		d.raw.add(e.Key, kv.Value)
@@ -56,7 +56,7 @@ func (d *differ[T]) both(old Entry[T], kv *mvccpb.KeyValue) {
 	if sameRecord(old, kv) {
 		return
 	}
-	e := d.entry(old.Key, kv)
+	e := d.c.listed(old.Key, kv, &d.refused)
 	d.ed.Set(&e)
 	d.raw.set(e.Key, kv.Value)
 	d.bytes += int64(e.size - old.size)
@@ -101,14 +101,6 @@ func (d *differ[T]) stateOnly(key string, old Entry[T]) {
 	if d.record {
 		d.note(Change[T]{Kind: Deleted, Key: key, Prev: kept(old)})
 	}
-}
-
-func (d *differ[T]) entry(key string, kv *mvccpb.KeyValue) Entry[T] {
-	e := d.c.decodeEntry(key, kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
-	if e.Err != nil {
-		d.refused++
-	}
-	return e
 }
 
 func (d *differ[T]) note(ch Change[T]) { d.changes = append(d.changes, ch) }

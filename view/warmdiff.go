@@ -95,10 +95,7 @@ type savedPrev[T any] struct {
 
 // listed adds a listed key, after every key added before.
 func (d *savedDiffer[T]) listed(kv *mvccpb.KeyValue) Entry[T] {
-	e := d.c.decodeEntry(string(kv.Key), kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
-	if e.Err != nil {
-		d.refused++
-	}
+	e := d.c.listed(string(kv.Key), kv, &d.refused)
 	d.ed.Append(&e)
 	d.raw.add(e.Key, kv.Value)
 	d.bytes += int64(e.size)
