@@ -1,7 +1,6 @@
 package view_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -11,8 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/etcdwatch/etcdwatch"
 	ws "github.com/etcdwatch/etcdwatch/internal/watchserver"
@@ -372,12 +369,7 @@ func TestSubscribeInsideARestoredRelist(t *testing.T) {
 	saved, at := savedState(t, h, etcdwatch.Prefix("v/"))
 	past := kv.Put("v/k", "1") // the subscriber's saved progress
 	kv.Delete("v/k")
-	// The header's read goes through; the history since at is compacted.
-	kv.FailNext(nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"))
-	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
-	rev, err := vh.v.Restored()
-	require.NoError(t, err)
-	require.Equal(t, at, rev)
+	vh := restoreCompacted(t, h, saved, at)
 
 	b := nextBatch(t, vh.v.Subscribe(context.Background(), at))
 	require.Equal(t, view.Relisted, b.Kind)

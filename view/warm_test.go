@@ -84,6 +84,23 @@ func loggedHarness(t *testing.T, server *ws.Server) (*harness, *logs) {
 	return harnessOn(t, server, etcdwatch.WithLogger(slog.New(l))), l
 }
 
+// errCompacted is etcd's refusal of a revision its history no longer
+// holds.
+var errCompacted = status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+
+// restoreCompacted opens a view of bytes restored from saved, a state at
+// revision at whose history since is compacted, so that the view lists
+// against it; it checks that the view restored at.
+func restoreCompacted(t *testing.T, h *harness, saved []byte, at int64, opts ...view.Option) *viewHarness[[]byte] {
+	t.Helper()
+	h.server.KV().FailNext(nil, errCompacted) // the cluster's header, then the changes since the save
+	vh := openView(h, view.DecodeBytes, append([]view.Option{view.WithRestore(bytes.NewReader(saved))}, opts...)...)
+	rev, err := vh.v.Restored()
+	require.NoError(t, err)
+	require.Equal(t, at, rev)
+	return vh
+}
+
 // savedState opens a view of r on h that keeps its values, saves it,
 // closes it, and returns what it saved and the revision.
 func savedState(t *testing.T, h *harness, r etcdwatch.Request) ([]byte, int64) {
@@ -234,7 +251,6 @@ func TestRestoreWhenNothingChanged(t *testing.T) {
 // then it watches from the listing. A saved state found corrupt on the
 // way is refused, and the listing stands as a first one.
 func TestRestoreFindsItCompacted(t *testing.T) {
-	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	h := newHarness(t)
 	kv := h.server.KV()
 	for _, k := range []string{"same", "upd", "del", "recreate", "zz"} {
@@ -248,11 +264,7 @@ func TestRestoreFindsItCompacted(t *testing.T) {
 	kv.Put("v/recreate", "2")
 	kv.Delete("v/zz")
 
-	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
-	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
-	rev, err := vh.v.Restored()
-	require.NoError(t, err)
-	require.Equal(t, at, rev)
+	vh := restoreCompacted(t, h, saved, at)
 	b := nextBatch(t, vh.v.Subscribe(context.Background(), at))
 	require.Equal(t, view.Relisted, b.Kind)
 	require.Equal(t, at, b.From)
@@ -278,9 +290,9 @@ func TestRestoreFindsItCompacted(t *testing.T) {
 	// Corrupt in its last entry: found once the listing is read.
 	bad := bytes.Clone(saved)
 	bad[bytes.LastIndex(bad, []byte("v/zz"))+len("v/zz")] ^= 1
-	kv.FailNext(nil, compacted)
+	kv.FailNext(nil, errCompacted)
 	vh = openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(bad)))
-	rev, err = vh.v.Restored()
+	rev, err := vh.v.Restored()
 	require.Zero(t, rev)
 	require.ErrorIs(t, err, view.ErrSavedCorrupt)
 	require.EqualValues(t, 1, vh.v.Stats().RestoreRefusals)
@@ -500,7 +512,7 @@ func TestRestoreLetGoIsReported(t *testing.T) {
 	kv.Put("v/new", "1")
 	// The header's read goes through, the history since is compacted, and
 	// the listing against the saved state fails once.
-	kv.FailNext(nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"), status.Error(codes.Unavailable, "leader changed"))
+	kv.FailNext(nil, errCompacted, status.Error(codes.Unavailable, "leader changed"))
 	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
 	rev, err := vh.v.Restored()
 	require.Zero(t, rev)
@@ -854,7 +866,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // then proves corrupt (its checksum fails at the end) never reaches the
 // Decoder, which may not expect bytes the server never had.
 func TestCompactedRefusedStateIsNotDecoded(t *testing.T) {
-	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	h := newHarness(t)
 	kv := h.server.KV()
 	kv.Put("v/same", "1")
@@ -872,7 +883,7 @@ func TestCompactedRefusedStateIsNotDecoded(t *testing.T) {
 		decoded = append(decoded, string(key)+"="+string(value))
 		return value, nil
 	}
-	kv.FailNext(nil, compacted) // the cluster's header, then the check of the saved revision
+	kv.FailNext(nil, errCompacted) // the cluster's header, then the check of the saved revision
 	vh := openView(h, decode, view.WithRestore(bytes.NewReader(bad)))
 	_, err := vh.v.Restored()
 	require.ErrorIs(t, err, view.ErrSavedCorrupt)
@@ -1042,7 +1053,6 @@ func TestStateFileRemovesLeftoversOfCrashedSaves(t *testing.T) {
 // changes), rather than that batch, which is not the difference from its
 // state.
 func TestRestoredRelistIsNoStepFromBeforeTheSave(t *testing.T) {
-	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	h := newHarness(t)
 	kv := h.server.KV()
 	kv.Put("v/early", "1")
@@ -1053,11 +1063,7 @@ func TestRestoredRelistIsNoStepFromBeforeTheSave(t *testing.T) {
 	kv.Put("v/a", "2")
 	kv.Put("v/b", "1")
 
-	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
-	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
-	rev, err := vh.v.Restored()
-	require.NoError(t, err)
-	require.Equal(t, at, rev)
+	vh := restoreCompacted(t, h, saved, at)
 	b := nextBatch(t, vh.v.Subscribe(context.Background(), before))
 	require.Equal(t, view.Resync, b.Kind, "from before the saved state: the whole state")
 	require.Equal(t, kv.Revision(), b.Revision)
@@ -1077,7 +1083,6 @@ func TestRestoredRelistIsNoStepFromBeforeTheSave(t *testing.T) {
 // step), the state's cluster lost (the next restart refuses the file),
 // its size not counted.
 func TestCompactedRestoreSavesAsAColdView(t *testing.T) {
-	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	h := newHarness(t)
 	kv := h.server.KV()
 	kv.SetClusterID(7)
@@ -1089,11 +1094,7 @@ func TestCompactedRestoreSavesAsAColdView(t *testing.T) {
 	kv.Delete("v/del")
 	kv.Put("v/new", "1")
 
-	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
-	warm := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)), view.WithSave())
-	rev, err := warm.v.Restored()
-	require.NoError(t, err)
-	require.Equal(t, at, rev)
+	warm := restoreCompacted(t, h, saved, at, view.WithSave())
 	require.EqualValues(t, 1, warm.v.Stats().Relists, "listed against the saved state")
 	var got bytes.Buffer
 	require.NoError(t, warm.v.Save(&got), "a restored view saves")
@@ -1118,7 +1119,6 @@ func TestCompactedRestoreSavesAsAColdView(t *testing.T) {
 // long since overwritten. Catches: a Prev kept as the lent bytes, not a
 // copy (it is then whatever the buffer holds at the end).
 func TestCompactedRestoreOfALargeState(t *testing.T) {
-	compacted := status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted")
 	h := newHarness(t)
 	kv := h.server.KV()
 	key := func(i int) string { return fmt.Sprintf("v/s%03d", i) }
@@ -1135,11 +1135,7 @@ func TestCompactedRestoreOfALargeState(t *testing.T) {
 	kv.Delete(key(3))
 	kv.Delete(key(598))
 
-	kv.FailNext(nil, compacted) // the cluster's header, then the changes since the save
-	vh := openView(h, view.DecodeBytes, view.WithRestore(bytes.NewReader(saved)))
-	rev, err := vh.v.Restored()
-	require.NoError(t, err)
-	require.Equal(t, at, rev)
+	vh := restoreCompacted(t, h, saved, at)
 	b := nextBatch(t, vh.v.Subscribe(context.Background(), at))
 	require.Equal(t, view.Relisted, b.Kind)
 	require.Equal(t, []string{"updated v/s000", "updated v/s001", "updated v/s002", "deleted v/s003",
@@ -1264,7 +1260,7 @@ func TestDecodeErrorsOfAFailedListingAgainstASavedStateNotCounted(t *testing.T) 
 	kv.Put("v/b", `{"N":2}`)
 	// The cluster's header; the history since the save, compacted; the
 	// first page of the listing against it; its second page fails.
-	kv.FailNext(nil, status.Error(codes.OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
+	kv.FailNext(nil, errCompacted,
 		nil, status.Error(codes.Unavailable, "leader changed"))
 	vh := openView(h, view.DecodeJSON[config], view.WithRestore(bytes.NewReader(saved)), view.WithPageSize(1), view.WithPageBytes(0))
 	rev, err := vh.v.Restored()
