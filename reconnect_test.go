@@ -1295,6 +1295,20 @@ func revisionsOf(r etcdwatch.Response) []int64 {
 	return revs
 }
 
+// movedBeforeItsFirstEvent opens a watch of "a" from now, confirmed at
+// header 10, cuts its stream before any event, and returns the create
+// sent for it on the next stream, checked to ask from that header.
+func movedBeforeItsFirstEvent(t *testing.T) (*harness, *etcdwatch.Watch, *pb.WatchCreateRequest) {
+	t.Helper()
+	h := newHarness(t)
+	w := h.watch(etcdwatch.Key("a"), 10)
+	require.Equal(t, int64(10), w.CreatedRevision())
+	h.cut()
+	c := h.srv.RecvCreate(t)
+	require.Equal(t, int64(10), c.StartRevision, "from its created header")
+	return h, w, c
+}
+
 // TestWatchFromNowRecreatedDropsReplayBelowItsStart: a watch from now,
 // confirmed at header 10 and re-created on a new stream before its first
 // event, asks from 10. On that stream its start is known: a member that
@@ -1303,12 +1317,7 @@ func revisionsOf(r etcdwatch.Response) []int64 {
 // as the events of any other re-created watch are. Only 10 and later are
 // delivered.
 func TestWatchFromNowRecreatedDropsReplayBelowItsStart(t *testing.T) {
-	h := newHarness(t)
-	w := h.watch(etcdwatch.Key("a"), 10)
-	require.Equal(t, int64(10), w.CreatedRevision())
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	require.Equal(t, int64(10), c.StartRevision, "from its created header")
+	h, w, c := movedBeforeItsFirstEvent(t)
 	h.srv.Send(t, ws.Created(c.WatchId, 12))
 	h.srv.Send(t, ws.Events(c.WatchId, 12, ws.Put("a", "old", 5), ws.Put("a", "old", 9), ws.Put("a", "v", 10)))
 	r := next(t, w)
@@ -1321,11 +1330,7 @@ func TestWatchFromNowRecreatedDropsReplayBelowItsStart(t *testing.T) {
 // below the first stream's, 10) and sends an event at 9, below the start
 // asked for.
 func TestWatchFromNowRecreatedOnALaggingMember(t *testing.T) {
-	h := newHarness(t)
-	w := h.watch(etcdwatch.Key("a"), 10)
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	require.Equal(t, int64(10), c.StartRevision)
+	h, w, c := movedBeforeItsFirstEvent(t)
 	h.srv.Send(t, ws.Created(c.WatchId, 8))
 	h.srv.Send(t, ws.Events(c.WatchId, 9, ws.Put("a", "old", 9)))
 	h.srv.Send(t, ws.Events(c.WatchId, 11, ws.Put("a", "v", 11)))
@@ -1337,11 +1342,7 @@ func TestWatchFromNowRecreatedOnALaggingMember(t *testing.T) {
 // first event, the watch asks from its first created header both times, and
 // the second re-create drops a replay below it too.
 func TestWatchFromNowRecreatedTwiceKeepsItsStart(t *testing.T) {
-	h := newHarness(t)
-	w := h.watch(etcdwatch.Key("a"), 10)
-	h.cut()
-	c := h.srv.RecvCreate(t)
-	require.Equal(t, int64(10), c.StartRevision)
+	h, w, c := movedBeforeItsFirstEvent(t)
 	h.srv.Send(t, ws.Created(c.WatchId, 12))
 	h.await(func() bool { return w.ID() == c.WatchId })
 	h.cut()

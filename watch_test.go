@@ -873,12 +873,8 @@ func TestStallWithAProgressRequestWaitingIsShared(t *testing.T) {
 		h.srv.Send(t, ws.Events(w.ID(), rev, ws.Put("k", fmt.Sprint(rev), rev)))
 	}
 	h.srv.Send(t, ws.Progress(-1, 1+limit))
-	require.Equal(t, w.ID(), h.srv.RecvCancel(t), "the lagging watch was not paused")
+	pausedAfterItsStall(t, h, w, limit)
 	require.NoError(t, recvProgress(t, got).err)
-	st := h.s.Stats()
-	require.Equal(t, uint64(1), st.Stalls)
-	require.Equal(t, uint64(1), st.Pauses)
-	require.Equal(t, revisions(2, 1+limit), readEvents(t, w, limit))
 }
 
 // TestStallWithACreateInFlightIsShared: a watch that reaches its limit
@@ -899,12 +895,20 @@ func TestStallWithACreateInFlightIsShared(t *testing.T) {
 		h.srv.Send(t, ws.Events(lag.ID(), rev, ws.Put("lag", fmt.Sprint(rev), rev)))
 	}
 	h.srv.Send(t, ws.Created(c.WatchId, 1+limit))
-	require.Equal(t, lag.ID(), h.srv.RecvCancel(t), "the lagging watch was not paused")
+	pausedAfterItsStall(t, h, lag, limit)
 	require.NoError(t, recvResult(t, res).err, "a create in flight waited behind the stall")
+}
+
+// pausedAfterItsStall checks that w, at its limit of limit events from
+// revision 2, was waited for once (a stall) and then paused: its cancel
+// sent, and every event it held delivered.
+func pausedAfterItsStall(t *testing.T, h *harness, w *etcdwatch.Watch, limit int) {
+	t.Helper()
+	require.Equal(t, w.ID(), h.srv.RecvCancel(t), "the lagging watch was not paused")
 	st := h.s.Stats()
 	require.Equal(t, uint64(1), st.Stalls)
 	require.Equal(t, uint64(1), st.Pauses)
-	require.Equal(t, revisions(2, 1+limit), readEvents(t, lag, limit))
+	require.Equal(t, revisions(2, int64(1+limit)), readEvents(t, w, limit))
 }
 
 // TestStallOutlastsThePauseOfAnotherWatch: one bookmark brings two watches
