@@ -200,16 +200,23 @@ func TestIsolateOutlastsAPeersRestart(t *testing.T) {
 		"the isolated member has a leader: the restarted peer is not cut off from it")
 }
 
+// restartedIsolated starts a 3-member cluster and returns a follower of
+// it isolated, stopped and restarted: running, and cut off.
+func restartedIsolated(t *testing.T) *etcdwatchtest.Server {
+	t.Helper()
+	_, isolated, _ := roles(t, etcdwatchtest.StartCluster(t, 3))
+	isolated.Isolate()
+	isolated.Stop()
+	require.NoError(t, isolated.Restart())
+	return isolated
+}
+
 // TestRestartOfAnIsolatedMember: an isolated member stopped and restarted
 // is running and still cut off, as Isolate's doc has it, and serves once
 // it rejoins. Catches a Restart that waited for it to serve, which it
 // cannot while isolated: it returned "not ready after a minute".
 func TestRestartOfAnIsolatedMember(t *testing.T) {
-	members := etcdwatchtest.StartCluster(t, 3)
-	_, isolated, _ := roles(t, members)
-	isolated.Isolate()
-	isolated.Stop()
-	require.NoError(t, isolated.Restart())
+	isolated := restartedIsolated(t)
 	require.Never(t, isolated.HasLeader, 2*time.Second, 10*time.Millisecond, "the restarted member is not cut off")
 	isolated.Rejoin()
 	require.Eventually(t, isolated.HasLeader, wait, 10*time.Millisecond, "the member has no leader once it rejoined")
@@ -220,11 +227,7 @@ func TestRestartOfAnIsolatedMember(t *testing.T) {
 // embed's Close waiting for ever on a server that never served: a test
 // that ends with such a member hung in its cleanup.
 func TestStopOfAMemberThatNeverServed(t *testing.T) {
-	members := etcdwatchtest.StartCluster(t, 3)
-	_, isolated, _ := roles(t, members)
-	isolated.Isolate()
-	isolated.Stop()
-	require.NoError(t, isolated.Restart())
+	isolated := restartedIsolated(t)
 	stopped := make(chan struct{})
 	go func() { // returns once Stop does; waited for below, or the test fails
 		defer close(stopped)

@@ -225,26 +225,38 @@ func TestCutEndsADelayUnderWay(t *testing.T) {
 	goleak.VerifyNone(t, before) // the link's copiers have exited
 }
 
+// proxiedLink returns a proxy to a listener of the test's, after set (if
+// not nil) has set its hooks, and the two ends of a connection through
+// it: the client's and the target's. All close when the test ends.
+func proxiedLink(t *testing.T, set func(*Proxy)) (p *Proxy, client, target net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	p, err = ListenProxy(ln.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	if set != nil {
+		set(p)
+	}
+	client, err = net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { client.Close() })
+	target, err = ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { target.Close() })
+	return p, client, target
+}
+
 // TestBlackholeHidesTheTargetsEnd: a blackholed connection stays open for
 // the client when the target closes its side (a member stopped), as behind
 // a firewall that forgot the flow. Catches: the target's end passed on,
 // which told the client at once, so that its keepalive and liveness checks
 // never ran; the soak's blackhole-then-restart was a plain cut.
 func TestBlackholeHidesTheTargetsEnd(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	p, err := ListenProxy(ln.Addr().String())
-	require.NoError(t, err)
-	defer p.Close()
 	ended := make(chan struct{}, 2)
-	p.onEnd = func() { ended <- struct{}{} }
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
-	srv, err := ln.Accept()
-	require.NoError(t, err)
-	_, err = srv.Write([]byte("x")) // the link is up
+	p, c, srv := proxiedLink(t, func(p *Proxy) { p.onEnd = func() { ended <- struct{}{} } })
+	_, err := srv.Write([]byte("x")) // the link is up
 	require.NoError(t, err)
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(wait)))
 	_, err = io.ReadFull(c, make([]byte, 1))
@@ -288,24 +300,14 @@ func TestCloseCancelsADial(t *testing.T) {
 // taken for its end, which released the chunk at once. (As in
 // TestProxySetDelay, no duration is measured in the passing direction.)
 func TestChangedDelayStillHolds(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	p, err := ListenProxy(ln.Addr().String())
-	require.NoError(t, err)
-	defer p.Close()
 	delaying := make(chan struct{})
-	p.mu.Lock()
-	p.onDelay = sync.OnceFunc(func() { close(delaying) })
-	p.mu.Unlock()
-	p.SetDelay(time.Hour)
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
-	srv, err := ln.Accept()
-	require.NoError(t, err)
-	defer srv.Close()
-	_, err = c.Write([]byte("x"))
+	p, c, srv := proxiedLink(t, func(p *Proxy) {
+		p.mu.Lock()
+		p.onDelay = sync.OnceFunc(func() { close(delaying) })
+		p.mu.Unlock()
+		p.SetDelay(time.Hour)
+	})
+	_, err := c.Write([]byte("x"))
 	require.NoError(t, err)
 	await(t, delaying, "delay")
 	p.SetDelay(2 * time.Hour)
@@ -324,18 +326,8 @@ func TestChangedDelayStillHolds(t *testing.T) {
 // after it finds nothing open. Catches a link never dropped once both
 // directions ended, which kept its sockets and counted in Cut.
 func TestFinishedLinkIsForgotten(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	p, err := ListenProxy(ln.Addr().String())
-	require.NoError(t, err)
-	defer p.Close()
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
-	srv, err := ln.Accept()
-	require.NoError(t, err)
-	_, err = c.Write([]byte("req"))
+	p, c, srv := proxiedLink(t, nil)
+	_, err := c.Write([]byte("req"))
 	require.NoError(t, err)
 	require.NoError(t, c.(*net.TCPConn).CloseWrite())
 	require.NoError(t, srv.SetDeadline(time.Now().Add(wait)))
