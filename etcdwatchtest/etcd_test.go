@@ -278,27 +278,36 @@ func roles(t *testing.T, members []*etcdwatchtest.Server) (leader, a, b *etcdwat
 	return leader, a, b
 }
 
-// lead makes m the leader of members once they have one.
+// lead makes m the leader of members once they have one. A transfer to a
+// member still catching up (one that has just rejoined, say) can fail as
+// "leader transfer took too long": it is asked again, from whichever
+// member leads then, until m leads.
 func lead(t *testing.T, members []*etcdwatchtest.Server, m *etcdwatchtest.Server) {
 	t.Helper()
-	var now *etcdwatchtest.Server
+	st, err := pb.NewMaintenanceClient(memberConn(t, m)).Status(testContext(t), &pb.StatusRequest{})
+	require.NoError(t, err)
+	target := &pb.MoveLeaderRequest{TargetID: st.Header.MemberId}
+	conns := map[*etcdwatchtest.Server]pb.MaintenanceClient{}
+	for _, x := range members {
+		conns[x] = pb.NewMaintenanceClient(memberConn(t, x))
+	}
 	require.Eventually(t, func() bool {
+		if m.IsLeader() {
+			return true
+		}
 		for _, x := range members {
 			if x.IsLeader() {
-				now = x
-				return true
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if _, err := conns[x].MoveLeader(ctx, target); err != nil {
+					t.Logf("moving the leader to %s: %v; again", m.Name, err)
+					return false
+				}
+				return m.IsLeader()
 			}
 		}
 		return false
-	}, wait, 10*time.Millisecond, "no leader")
-	if now == m {
-		return
-	}
-	st, err := pb.NewMaintenanceClient(memberConn(t, m)).Status(testContext(t), &pb.StatusRequest{})
-	require.NoError(t, err)
-	_, err = pb.NewMaintenanceClient(memberConn(t, now)).MoveLeader(testContext(t), &pb.MoveLeaderRequest{TargetID: st.Header.MemberId})
-	require.NoError(t, err)
-	require.Eventually(t, m.IsLeader, wait, 10*time.Millisecond, "%s does not lead", m.Name)
+	}, wait, 100*time.Millisecond, "%s does not lead", m.Name)
 }
 
 // TestOption: an Option changes the member's configuration, here to accept
